@@ -1,0 +1,1 @@
+"""Each algorithm's mathematics as plain functions on arrays and tensors, free of Flower."""

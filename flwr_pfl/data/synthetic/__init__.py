@@ -1,0 +1,1 @@
+"""Synthetic problems from the papers, generated in closed form (no download)."""

@@ -1,0 +1,198 @@
+"""The one train loop and the one evaluation loop every client uses.
+
+Clients differ in *what* they train (parameter groups), *which loss* (a per-sample loss
+function), *how samples are weighted* (per-domain weights, e.g. FedDAR's u_m) and *what is
+added* (a regularizer, e.g. FEDORA's proximal term); the loop itself is written once here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+
+from flwr_pfl.data.types import ArraySplit, Task
+from flwr_pfl.models.base import EncoderHeadModel
+from flwr_pfl.training.optim import OptimizerConfig, make_optimizer
+from flwr_pfl.training.params import only_trainable
+
+#: (model, x, y, domain) -> per-sample losses of shape (B,)
+LossFn = Callable[[EncoderHeadModel, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+#: model -> scalar added to the mean loss of every step
+Regularizer = Callable[[nn.Module], torch.Tensor]
+
+
+def per_sample_loss(outputs: torch.Tensor, targets: torch.Tensor, task: Task) -> torch.Tensor:
+    """Cross-entropy (classification) or squared error averaged over outputs (regression)."""
+    if task == "classification":
+        return F.cross_entropy(outputs, targets, reduction="none")
+    targets = targets.reshape(outputs.shape).to(outputs.dtype)
+    return (outputs - targets).pow(2).flatten(1).mean(1)
+
+
+def supervised_loss(task: Task) -> LossFn:
+    """The default per-sample loss: the model's output for each sample's own head."""
+
+    def loss(model: EncoderHeadModel, x: torch.Tensor, y: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        return per_sample_loss(model(x, d), y, task)
+
+    return loss
+
+
+@dataclass(frozen=True)
+class TrainStats:
+    """What one call of :func:`train` did."""
+
+    loss: float  # mean training loss over all steps (before the regularizer)
+    num_examples: int  # samples seen per epoch
+    steps: int
+    seconds: float
+
+
+def train(
+    model: EncoderHeadModel,
+    loader: DataLoader,
+    *,
+    optimizer: OptimizerConfig,
+    device: torch.device,
+    epochs: int = 1,
+    groups: Sequence[str] = ("all",),
+    task: Task = "classification",
+    loss_fn: LossFn | None = None,
+    domain_weights: torch.Tensor | None = None,
+    regularizer: Regularizer | None = None,
+    max_steps: int = 0,
+) -> TrainStats:
+    """Train the parameter ``groups`` of ``model`` for ``epochs`` passes over ``loader``.
+
+    Args:
+        loader: yields (x, y, domain) batches (see :class:`flwr_pfl.data.types.ArraySplit`).
+        groups: parameter groups to train; all others stay frozen (FedRep trains ``heads``
+            then ``body``; FedDAR's head phase trains ``heads`` only).
+        loss_fn: per-sample loss; defaults to :func:`supervised_loss` for ``task``.
+        domain_weights: tensor of shape (M,): sample i's loss is multiplied by
+            ``domain_weights[domain[i]]`` (FedDAR's re-weighting u_m, Eq. 6). The step loss is
+            the mean of the weighted per-sample losses.
+        regularizer: added to every step's loss (e.g. a proximal term).
+        max_steps: stop after this many optimizer steps (0 = no limit).
+
+    Raises:
+        FloatingPointError: the loss became NaN or Inf (the learning rate is usually too high);
+            the client's reply then counts as a failure instead of poisoning the aggregate.
+    """
+    if epochs < 0:
+        raise ValueError(f"epochs must be >= 0, got {epochs}")
+    loss_fn = loss_fn or supervised_loss(task)
+    model.to(device).train()
+    weights = domain_weights.to(device) if domain_weights is not None else None
+    start, steps, loss_sum = time.perf_counter(), 0, 0.0
+    with only_trainable(model, groups) as params:
+        opt = make_optimizer(params, optimizer)
+        for _ in range(epochs):
+            for x, y, d in loader:
+                x, y, d = x.to(device), y.to(device), d.to(device)
+                losses = loss_fn(model, x, y, d)
+                if weights is not None:
+                    losses = losses * weights[d]
+                loss = losses.mean()
+                total = loss + regularizer(model) if regularizer is not None else loss
+                if not torch.isfinite(total):
+                    raise FloatingPointError(
+                        f"training loss became {total.item()} at step {steps + 1}; "
+                        f"lower the learning rate (now {optimizer.learning_rate})"
+                    )
+                opt.zero_grad(set_to_none=True)
+                total.backward()
+                opt.step()
+                steps += 1
+                loss_sum += float(loss.detach())
+                if max_steps and steps >= max_steps:
+                    break
+            if max_steps and steps >= max_steps:
+                break
+    return TrainStats(
+        loss=loss_sum / max(steps, 1),
+        num_examples=len(loader.dataset),  # type: ignore[arg-type]
+        steps=steps,
+        seconds=time.perf_counter() - start,
+    )
+
+
+@dataclass
+class EvalResult:
+    """Loss and accuracy on one split, overall and per domain.
+
+    ``per_domain_count[m]``, ``per_domain_loss[m]`` (sum) and ``per_domain_correct[m]`` let the
+    server pool per-domain figures across clients exactly.
+    """
+
+    loss: float
+    num_examples: int
+    accuracy: float | None
+    per_domain_count: list[int] = field(default_factory=list)
+    per_domain_loss: list[float] = field(default_factory=list)
+    per_domain_correct: list[int] = field(default_factory=list)
+
+    def metrics(self, prefix: str = "") -> dict[str, float]:
+        """Flat scalar metrics for the Flower wire: ``loss``, ``accuracy`` and, with several
+        domains, ``n_d<m>``, ``loss_d<m>`` (mean) and ``acc_d<m>`` for every domain present."""
+        out: dict[str, float] = {f"{prefix}loss": self.loss}
+        if self.accuracy is not None:
+            out[f"{prefix}accuracy"] = self.accuracy
+        if len(self.per_domain_count) > 1:
+            for m, n in enumerate(self.per_domain_count):
+                if n == 0:
+                    continue
+                out[f"{prefix}n_d{m}"] = float(n)
+                out[f"{prefix}loss_d{m}"] = self.per_domain_loss[m] / n
+                if self.accuracy is not None:
+                    out[f"{prefix}acc_d{m}"] = self.per_domain_correct[m] / n
+        return out
+
+
+@torch.no_grad()
+def evaluate(
+    model: EncoderHeadModel,
+    split: ArraySplit,
+    *,
+    device: torch.device,
+    task: Task = "classification",
+    num_domains: int = 1,
+    batch_size: int = 512,
+    loss_fn: LossFn | None = None,
+    predict_fn: Callable[[EncoderHeadModel, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+) -> EvalResult:
+    """Mean loss (and accuracy for classification) of ``model`` on ``split``.
+
+    ``predict_fn(model, x, domain)`` returns the outputs used for accuracy (defaults to the
+    model's own forward); ``loss_fn`` as in :func:`train`.
+    """
+    loss_fn = loss_fn or supervised_loss(task)
+    predict_fn = predict_fn or (lambda m, x, d: m(x, d))
+    model.to(device).eval()
+    count = torch.zeros(num_domains, dtype=torch.long)
+    loss_sum = torch.zeros(num_domains, dtype=torch.float64)
+    correct = torch.zeros(num_domains, dtype=torch.long)
+    for x, y, d in split.loader(batch_size, shuffle=False):
+        x, y, d = x.to(device), y.to(device), d.to(device)
+        losses = loss_fn(model, x, y, d).double().cpu()
+        d_cpu = d.cpu()
+        count += torch.bincount(d_cpu, minlength=num_domains)
+        loss_sum.index_add_(0, d_cpu, losses)
+        if task == "classification":
+            hits = (predict_fn(model, x, d).argmax(1) == y).long().cpu()
+            correct.index_add_(0, d_cpu, hits)
+    n = int(count.sum())
+    return EvalResult(
+        loss=float(loss_sum.sum()) / max(n, 1),
+        num_examples=n,
+        accuracy=(float(correct.sum()) / max(n, 1)) if task == "classification" else None,
+        per_domain_count=count.tolist(),
+        per_domain_loss=loss_sum.tolist(),
+        per_domain_correct=correct.tolist(),
+    )

@@ -1,0 +1,98 @@
+"""Named parameter groups of an encoder + heads model, to and from ordered lists of NumPy arrays.
+
+Groups: ``all`` (the whole state_dict), ``body`` (the encoder), ``heads`` (every head) and
+``head:<m>`` (head m). Arrays follow the model's ``state_dict()`` order, buffers included (so
+BatchNorm statistics travel with their layer); that order is the wire layout every strategy
+documents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+from torch import nn
+
+NDArrays = list[np.ndarray]
+
+
+def _prefixes(group: str) -> tuple[str, ...]:
+    if group == "all":
+        return ("",)
+    if group == "body":
+        return ("encoder.",)
+    if group == "heads":
+        return ("heads.",)
+    if group.startswith("head:") and group[5:].isdigit():
+        return (f"heads.{int(group[5:])}.",)
+    raise ValueError(f"unknown parameter group {group!r}; allowed: all, body, heads, head:<m>")
+
+
+def group_keys(model: nn.Module, group: str) -> list[str]:
+    """The state_dict keys of ``group``, in state_dict order."""
+    prefixes = _prefixes(group)
+    keys = [k for k in model.state_dict() if k.startswith(prefixes)]
+    if not keys:
+        raise ValueError(f"parameter group {group!r} is empty for this model")
+    return keys
+
+
+def get_arrays(model: nn.Module, group: str = "all") -> NDArrays:
+    """Copies of the group's tensors as NumPy arrays (on the CPU), in wire order."""
+    state = model.state_dict()
+    return [state[k].detach().cpu().numpy().copy() for k in group_keys(model, group)]
+
+
+def set_arrays(model: nn.Module, arrays: Sequence[np.ndarray], group: str = "all") -> None:
+    """Load ``arrays`` into the group's tensors, checking their number and shapes.
+
+    Raises:
+        ValueError: naming the first array whose shape differs, or the count mismatch.
+    """
+    keys = group_keys(model, group)
+    if len(arrays) != len(keys):
+        raise ValueError(
+            f"parameter group {group!r} has {len(keys)} tensors but {len(arrays)} arrays were given"
+        )
+    state = model.state_dict()
+    for key, array in zip(keys, arrays):
+        if tuple(array.shape) != tuple(state[key].shape):
+            raise ValueError(
+                f"array for {key!r} has shape {tuple(array.shape)}, expected {tuple(state[key].shape)}"
+            )
+    with torch.no_grad():
+        for key, array in zip(keys, arrays):
+            state[key].copy_(torch.as_tensor(np.asarray(array)))
+
+
+def group_shapes(model: nn.Module, group: str = "all") -> list[tuple[int, ...]]:
+    """Shapes of the group's arrays in wire order (what a strategy validates replies against)."""
+    state = model.state_dict()
+    return [tuple(state[k].shape) for k in group_keys(model, group)]
+
+
+def group_parameters(model: nn.Module, groups: Sequence[str]) -> list[nn.Parameter]:
+    """The trainable parameters (not buffers) that belong to any of ``groups``."""
+    prefixes = tuple(p for g in groups for p in _prefixes(g))
+    return [p for name, p in model.named_parameters() if name.startswith(prefixes)]
+
+
+@contextmanager
+def only_trainable(model: nn.Module, groups: Sequence[str]) -> Iterator[list[nn.Parameter]]:
+    """Freeze every parameter outside ``groups`` for the duration of the block.
+
+    Yields the parameters that stay trainable (to hand to an optimizer). Restores each
+    parameter's previous ``requires_grad`` on exit.
+    """
+    previous = {name: p.requires_grad for name, p in model.named_parameters()}
+    trainable = group_parameters(model, groups)
+    trainable_ids = {id(p) for p in trainable}
+    for p in model.parameters():
+        p.requires_grad_(id(p) in trainable_ids)
+    try:
+        yield trainable
+    finally:
+        for name, p in model.named_parameters():
+            p.requires_grad_(previous[name])
