@@ -50,9 +50,14 @@ class ArraySplit:
         """Number of samples of each domain, shape (num_domains,)."""
         return torch.bincount(self.domain, minlength=num_domains)
 
-    def loader(self, batch_size: int, shuffle: bool, seed: int = 0) -> DataLoader:
-        """A DataLoader over (x, y, domain) triples; shuffling is seeded for reproducible runs."""
-        generator = torch.Generator().manual_seed(seed) if shuffle else None
+    def loader(self, batch_size: int, shuffle: bool, seed: int | None = None) -> DataLoader:
+        """A DataLoader over (x, y, domain) triples.
+
+        With ``seed`` the shuffle order is fixed by its own generator; without it, shuffling
+        draws from torch's global generator (clients seed that per round, so every round sees
+        a new, reproducible order).
+        """
+        generator = torch.Generator().manual_seed(seed) if shuffle and seed is not None else None
         return DataLoader(
             TensorDataset(self.x, self.y, self.domain),
             batch_size=batch_size,

@@ -44,6 +44,21 @@ def supervised_loss(task: Task) -> LossFn:
     return loss
 
 
+def unpack_batch(batch: Sequence[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, ...]:
+    """(x, y, domain) on ``device``; a plain (x, y) batch gets domain 0 for every sample.
+
+    This lets users hand any ordinary DataLoader of (input, target) pairs to a client.
+    """
+    if len(batch) == 2:
+        x, y = batch
+        d = torch.zeros(len(x), dtype=torch.long)
+    elif len(batch) == 3:
+        x, y, d = batch
+    else:
+        raise ValueError(f"a batch must be (x, y) or (x, y, domain); got {len(batch)} elements")
+    return x.to(device), y.to(device), d.to(device)
+
+
 @dataclass(frozen=True)
 class TrainStats:
     """What one call of :func:`train` did."""
@@ -71,7 +86,7 @@ def train(
     """Train the parameter ``groups`` of ``model`` for ``epochs`` passes over ``loader``.
 
     Args:
-        loader: yields (x, y, domain) batches (see :class:`flwr_pfl.data.types.ArraySplit`).
+        loader: yields (x, y, domain) or (x, y) batches (see :func:`unpack_batch`).
         groups: parameter groups to train; all others stay frozen (FedRep trains ``heads``
             then ``body``; FedDAR's head phase trains ``heads`` only).
         loss_fn: per-sample loss; defaults to :func:`supervised_loss` for ``task``.
@@ -94,8 +109,8 @@ def train(
     with only_trainable(model, groups) as params:
         opt = make_optimizer(params, optimizer)
         for _ in range(epochs):
-            for x, y, d in loader:
-                x, y, d = x.to(device), y.to(device), d.to(device)
+            for batch in loader:
+                x, y, d = unpack_batch(batch, device)
                 losses = loss_fn(model, x, y, d)
                 if weights is not None:
                     losses = losses * weights[d]
@@ -137,6 +152,8 @@ class EvalResult:
     per_domain_count: list[int] = field(default_factory=list)
     per_domain_loss: list[float] = field(default_factory=list)
     per_domain_correct: list[int] = field(default_factory=list)
+    #: further scalars reported beside these (e.g. the global model's figures before fine-tuning)
+    extra: dict[str, float] = field(default_factory=dict)
 
     def metrics(self, prefix: str = "") -> dict[str, float]:
         """Flat scalar metrics for the Flower wire: ``loss``, ``accuracy`` and, with several
@@ -152,13 +169,13 @@ class EvalResult:
                 out[f"{prefix}loss_d{m}"] = self.per_domain_loss[m] / n
                 if self.accuracy is not None:
                     out[f"{prefix}acc_d{m}"] = self.per_domain_correct[m] / n
-        return out
+        return out | self.extra
 
 
 @torch.no_grad()
 def evaluate(
     model: EncoderHeadModel,
-    split: ArraySplit,
+    data: ArraySplit | DataLoader,
     *,
     device: torch.device,
     task: Task = "classification",
@@ -167,7 +184,10 @@ def evaluate(
     loss_fn: LossFn | None = None,
     predict_fn: Callable[[EncoderHeadModel, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> EvalResult:
-    """Mean loss (and accuracy for classification) of ``model`` on ``split``.
+    """Mean loss (and accuracy for classification) of ``model`` on ``data``.
+
+    ``data`` is an :class:`ArraySplit` (read in batches of ``batch_size``) or any DataLoader of
+    (x, y) or (x, y, domain) batches.
 
     ``predict_fn(model, x, domain)`` returns the outputs used for accuracy (defaults to the
     model's own forward); ``loss_fn`` as in :func:`train`.
@@ -178,8 +198,9 @@ def evaluate(
     count = torch.zeros(num_domains, dtype=torch.long)
     loss_sum = torch.zeros(num_domains, dtype=torch.float64)
     correct = torch.zeros(num_domains, dtype=torch.long)
-    for x, y, d in split.loader(batch_size, shuffle=False):
-        x, y, d = x.to(device), y.to(device), d.to(device)
+    loader = data.loader(batch_size, shuffle=False) if isinstance(data, ArraySplit) else data
+    for batch in loader:
+        x, y, d = unpack_batch(batch, device)
         losses = loss_fn(model, x, y, d).double().cpu()
         d_cpu = d.cpu()
         count += torch.bincount(d_cpu, minlength=num_domains)

@@ -1,0 +1,1 @@
+"""Wiring for ``flwr run``: config parsing, the algorithm registry, the ServerApp/ClientApp, results."""

@@ -1,0 +1,160 @@
+"""The run configuration, parsed and validated once at the app boundary (DESIGN principle 7).
+
+``parse_experiment(context.run_config)`` turns Flower's flat run-config dict into typed
+dataclasses, or stops with a :class:`ConfigError` that names the key and the allowed values,
+before any training starts. Every key has a default here, so the Python API (where
+``run_config`` may be empty) and ``flwr run`` (where pyproject.toml supplies the defaults)
+behave the same; a test keeps pyproject.toml and these defaults in step.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from flwr_pfl.app.keys import flat_dict, keys_of, parse_section
+from flwr_pfl.app.registry import ALGORITHMS, get_algorithm
+from flwr_pfl.clients.base import TrainConfig
+from flwr_pfl.data.config import DataConfig
+from flwr_pfl.errors import ConfigError
+from flwr_pfl.models import MODEL_NAMES
+from flwr_pfl.training.optim import OptimizerConfig
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Settings common to every algorithm (run-config keys in kebab-case).
+
+    Attributes:
+        algorithm: a registered algorithm name (see ``flwr_pfl.app.registry``).
+        num_server_rounds: communication rounds.
+        num_clients: clients in the federation; in simulation it must equal the
+            federation's ``num-supernodes``.
+        fraction_fit / fraction_evaluate: fraction of clients sampled per round.
+        local_epochs, batch_size, optimizer, learning_rate, momentum, weight_decay: local training.
+        model: an encoder + heads model name; feature_dim its representation width (0 = default).
+        seed: seeds sampling, initialisation, partitions and shuffling.
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:<i>``.
+        num_threads: torch CPU threads per client (0 = torch's default).
+        output_dir: where runs are written (``~`` expanded; made absolute).
+        run_name: sub-directory of the run; empty = ``<algorithm>-<dataset>-<timestamp>``.
+        wait_timeout: seconds the server waits for ``num_clients`` clients.
+    """
+
+    algorithm: str = "fedavg"
+    num_server_rounds: int = 5
+    num_clients: int = 10
+    fraction_fit: float = 1.0
+    fraction_evaluate: float = 1.0
+    local_epochs: int = 1
+    batch_size: int = 32
+    optimizer: str = "sgd"
+    learning_rate: float = 0.05
+    momentum: float = 0.5
+    weight_decay: float = 0.0
+    model: str = "cnn28"
+    feature_dim: int = 0
+    seed: int = 0
+    device: str = "auto"
+    num_threads: int = 1
+    output_dir: str = "~/flwr_pfl_outputs"
+    run_name: str = ""
+    wait_timeout: float = 600.0
+
+    def __post_init__(self) -> None:
+        get_algorithm(self.algorithm)
+        for key, value, low in (
+            ("num-server-rounds", self.num_server_rounds, 1),
+            ("num-clients", self.num_clients, 1),
+            ("local-epochs", self.local_epochs, 0),
+            ("batch-size", self.batch_size, 1),
+            ("feature-dim", self.feature_dim, 0),
+            ("num-threads", self.num_threads, 0),
+        ):
+            if value < low:
+                raise ConfigError(f"{key}={value} is out of range; must be >= {low}")
+        for key, value in (("fraction-fit", self.fraction_fit), ("fraction-evaluate", self.fraction_evaluate)):
+            if not 0.0 <= value <= 1.0:
+                raise ConfigError(f"{key}={value} is out of range; must be in [0, 1]")
+        if self.fraction_fit * self.num_clients < 1 and self.fraction_fit > 0:
+            raise ConfigError(
+                f"fraction-fit={self.fraction_fit} samples no client out of num-clients={self.num_clients}"
+            )
+        if self.model not in MODEL_NAMES:
+            raise ConfigError(f"model={self.model!r} is unknown; allowed: {', '.join(MODEL_NAMES)}")
+        if self.wait_timeout <= 0:
+            raise ConfigError(f"wait-timeout={self.wait_timeout} must be > 0 seconds")
+        if not self.output_dir:
+            raise ConfigError("output-dir must not be empty")
+        self.optimizer_config()  # validates optimizer, learning-rate, momentum, weight-decay
+
+    def optimizer_config(self) -> OptimizerConfig:
+        return OptimizerConfig(self.optimizer, self.learning_rate, self.momentum, self.weight_decay)
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A validated run: common settings, data settings and the algorithm's own options."""
+
+    run: RunConfig
+    data: DataConfig
+    options: Any
+
+    @property
+    def algorithm(self):
+        return get_algorithm(self.run.algorithm)
+
+    @property
+    def train_config(self) -> TrainConfig:
+        return TrainConfig(
+            local_epochs=self.run.local_epochs,
+            batch_size=self.run.batch_size,
+            optimizer=self.run.optimizer_config(),
+            device=self.run.device,
+            seed=self.run.seed,
+        )
+
+    def output_path(self) -> Path:
+        """Absolute directory of this run's results."""
+        name = self.run.run_name or (
+            f"{self.run.algorithm}-{self.data.dataset}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+        )
+        return Path(os.path.expanduser(self.run.output_dir)).resolve() / name
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved configuration as flat run-config keys (written with every run)."""
+        out = flat_dict(self.run) | flat_dict(self.data)
+        return out | flat_dict(self.options, f"{self.run.algorithm}.")
+
+
+def known_keys() -> set[str]:
+    """Every run-config key the app understands."""
+    keys = set(keys_of(RunConfig)) | set(keys_of(DataConfig))
+    for spec in ALGORITHMS.values():
+        keys |= set(keys_of(spec.options, f"{spec.name}."))
+    return keys
+
+
+def parse_experiment(raw: Mapping[str, Any]) -> Experiment:
+    """Validate Flower's run_config and build the :class:`Experiment`.
+
+    Raises:
+        ConfigError: an unknown key (with the closest known keys) or a bad value (naming the
+            key, the value and what is allowed).
+    """
+    known = known_keys()
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        hints = {k: difflib.get_close_matches(k, known, n=3) for k in unknown}
+        detail = "; ".join(f"{k!r} (did you mean {', '.join(h)}?)" if h else repr(k) for k, h in hints.items())
+        raise ConfigError(f"unknown run-config key(s): {detail}. Known keys: {', '.join(sorted(known))}")
+    run = parse_section(RunConfig, raw)
+    data = parse_section(DataConfig, raw)
+    spec = get_algorithm(run.algorithm)
+    options = parse_section(spec.options, raw, f"{spec.name}.")
+    return Experiment(run=run, data=data, options=options)

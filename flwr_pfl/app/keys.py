@@ -1,0 +1,64 @@
+"""Map flat kebab-case run-config keys onto typed dataclasses, with clear errors.
+
+Flower hands the app a flat dict (``[tool.flwr.app.config]`` merged with ``--run-config``
+overrides; nested tables become dotted keys such as ``fedrep.head-epochs``). Each dataclass
+field ``some_name`` is read from the key ``<prefix>some-name``; values are checked against the
+field's type here, and ranges by the dataclass's own ``__post_init__``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from flwr_pfl.errors import ConfigError
+
+T = TypeVar("T")
+
+
+def key_of(field_name: str, prefix: str = "") -> str:
+    return prefix + field_name.replace("_", "-")
+
+
+def keys_of(cls: type, prefix: str = "") -> dict[str, dataclasses.Field]:
+    """Run-config key -> dataclass field, for every init field of ``cls``."""
+    return {key_of(f.name, prefix): f for f in dataclasses.fields(cls) if f.init}
+
+
+def _coerce(key: str, value: Any, kind: Any) -> Any:
+    """Check ``value`` against the field type ``kind`` (int, float, bool or str)."""
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}={value!r} must be a boolean (true or false)")
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+            raise ConfigError(f"{key}={value!r} must be an integer")
+        return int(value)
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}={value!r} must be a number")
+        return float(value)
+    if kind is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}={value!r} must be a string (quote it: {key}='...')")
+        return value
+    raise TypeError(f"unsupported config field type {kind!r} for {key}")
+
+
+def parse_section(cls: type[T], raw: Mapping[str, Any], prefix: str = "") -> T:
+    """Build ``cls`` from the keys of ``raw`` that belong to it; absent keys keep defaults."""
+    hints = typing.get_type_hints(cls)
+    values = {
+        f.name: _coerce(key, raw[key], hints[f.name])
+        for key, f in keys_of(cls, prefix).items()
+        if key in raw
+    }
+    return cls(**values)
+
+
+def flat_dict(instance: Any, prefix: str = "") -> dict[str, Any]:
+    """The instance's fields as run-config keys (the inverse of :func:`parse_section`)."""
+    return {key_of(f.name, prefix): getattr(instance, f.name) for f in dataclasses.fields(instance) if f.init}

@@ -1,0 +1,184 @@
+"""The base of every client in the suite: unpack, train with the shared loop, pack.
+
+A client is a Flower NumPyClient around an encoder + heads model and the client's local data.
+Subclasses say which parameter group crosses the wire (``shared_group``), which one stays on
+the client between rounds (``personal_group``, kept in ``context.state``), and what a local
+update does (:meth:`PFLClient.local_update`). Nothing is kept in Python attributes across
+rounds: the simulation engine builds a new client object for every message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from flwr.app import Context
+from flwr.client import NumPyClient
+from torch.utils.data import DataLoader
+
+from flwr_pfl.data.types import ClientData, Task
+from flwr_pfl.models.base import EncoderHeadModel
+from flwr_pfl.training import (
+    EvalResult,
+    OptimizerConfig,
+    TrainStats,
+    evaluate,
+    get_arrays,
+    seed_everything,
+    load_arrays,
+    resolve_device,
+    save_arrays,
+    set_arrays,
+    train,
+)
+from flwr_pfl.training.seed import client_seed
+
+NDArrays = list[np.ndarray]
+Config = dict[str, bool | bytes | float | int | str]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Local training settings shared by every client.
+
+    Attributes:
+        local_epochs: passes over the local training set per round.
+        batch_size: mini-batch size.
+        optimizer: optimizer and learning rate.
+        device: ``auto`` (CUDA when visible), ``cpu``, ``cuda`` or ``cuda:<i>``.
+        seed: base seed; each client and round derives its own.
+    """
+
+    local_epochs: int = 1
+    batch_size: int = 32
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    device: str = "auto"
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class LocalData:
+    """A client's data as DataLoaders of (x, y) or (x, y, domain) batches.
+
+    ``train`` shuffles; ``test`` is the client's own test split (personalized methods are
+    evaluated on it); ``val`` is optional (used by algorithms that tune on validation data).
+    """
+
+    train: DataLoader
+    test: DataLoader
+    val: DataLoader | None = None
+    num_domains: int = 1
+    task: Task = "classification"
+
+    @classmethod
+    def from_client_data(cls, data: ClientData, batch_size: int) -> LocalData:
+        """Loaders over a :class:`ClientData` (the suite's own datasets).
+
+        The training loader shuffles with torch's global generator, which the client seeds
+        every round (:meth:`PFLClient.round_seed`).
+        """
+        return cls(
+            train=data.train.loader(batch_size, shuffle=True),
+            test=data.test.loader(max(batch_size, 256), shuffle=False),
+            val=data.val.loader(max(batch_size, 256), shuffle=False) if len(data.val) else None,
+            num_domains=data.num_domains,
+            task=data.task,
+        )
+
+
+class PFLClient(NumPyClient):
+    """FedAvg's client, and the base of the others.
+
+    Wire: ``fit``/``evaluate`` receive the ``shared_group`` arrays in ``state_dict`` order;
+    ``fit`` returns the same group after local training with metrics ``partition_id``,
+    ``train_loss``, ``train_seconds``; ``evaluate`` returns loss and accuracy on the local test
+    split (and per-domain figures ``n_d<m>``, ``acc_d<m>``, ``loss_d<m>`` when there are domains).
+
+    Args:
+        context: the node's Flower Context (its ``state`` holds the personal part).
+        model: an encoder + heads model (fresh; personal state is loaded into it here).
+        data: the client's loaders.
+        train_config: local training settings.
+    """
+
+    #: parameter group exchanged with the server (None: nothing is exchanged)
+    shared_group: str | None = "all"
+    #: parameter group kept on the client across rounds (None: nothing is kept)
+    personal_group: str | None = None
+    PERSONAL_KEY = "personal"
+
+    def __init__(
+        self,
+        context: Context,
+        model: EncoderHeadModel,
+        data: LocalData,
+        train_config: TrainConfig | None = None,
+    ) -> None:
+        self.context = context
+        self.model = model
+        self.data = data
+        self.train_config = train_config or TrainConfig()
+        self.device = resolve_device(self.train_config.device)
+        self.partition_id = int(context.node_config.get("partition-id", -1))
+        if self.personal_group is not None:
+            personal = load_arrays(context.state, self.PERSONAL_KEY)
+            if personal is not None:
+                set_arrays(self.model, personal, self.personal_group)
+
+    # ---------------------------------------------------------------- wire
+    def get_parameters(self, config: Config) -> NDArrays:
+        return [] if self.shared_group is None else get_arrays(self.model, self.shared_group)
+
+    def receive(self, parameters: NDArrays) -> None:
+        """Load the server's arrays into the shared group (the personal part stays)."""
+        if self.shared_group is not None:
+            set_arrays(self.model, parameters, self.shared_group)
+
+    def keep_personal(self) -> None:
+        """Store the personal group in ``context.state`` for the next round."""
+        if self.personal_group is not None:
+            save_arrays(self.context.state, self.PERSONAL_KEY, get_arrays(self.model, self.personal_group))
+
+    # ---------------------------------------------------------------- hooks
+    def round_seed(self, config: Config) -> int:
+        return client_seed(self.train_config.seed, self.partition_id, int(config.get("server-round", 0)))
+
+    def train_groups(self, groups: tuple[str, ...], epochs: int, **kwargs) -> TrainStats:
+        """Run the shared train loop on ``groups`` with this client's settings."""
+        return train(
+            self.model,
+            self.data.train,
+            optimizer=kwargs.pop("optimizer", self.train_config.optimizer),
+            device=self.device,
+            epochs=epochs,
+            groups=groups,
+            task=self.data.task,
+            **kwargs,
+        )
+
+    def local_update(self, config: Config) -> dict[str, float]:
+        """One round of local training; returns metrics. Default: all parameters, E epochs."""
+        stats = self.train_groups(("all",), self.train_config.local_epochs)
+        return {"train_loss": stats.loss, "train_seconds": stats.seconds}
+
+    def local_evaluate(self, config: Config) -> EvalResult:
+        """Evaluate the model as this algorithm defines it (default: as it stands)."""
+        return self.evaluate_on(self.data.test)
+
+    def evaluate_on(self, loader: DataLoader) -> EvalResult:
+        return evaluate(self.model, loader, device=self.device, task=self.data.task, num_domains=self.data.num_domains)
+
+    # ---------------------------------------------------------------- NumPyClient
+    def fit(self, parameters: NDArrays, config: Config) -> tuple[NDArrays, int, Config]:
+        self.receive(parameters)
+        seed_everything(self.round_seed(config))
+        metrics = self.local_update(config)
+        self.keep_personal()
+        num_examples = len(self.data.train.dataset)  # type: ignore[arg-type]
+        return self.get_parameters(config), num_examples, {**metrics, "partition_id": self.partition_id}
+
+    def evaluate(self, parameters: NDArrays, config: Config) -> tuple[float, int, Config]:
+        self.receive(parameters)
+        seed_everything(self.round_seed(config))
+        result = self.local_evaluate(config)
+        return result.loss, result.num_examples, {**result.metrics(), "partition_id": self.partition_id}

@@ -1,0 +1,37 @@
+"""FedRep and FedPer: a shared body (representation) with a personal head per client."""
+
+from __future__ import annotations
+
+from flwr_pfl.clients.base import Config, PFLClient
+
+
+class FedPerClient(PFLClient):
+    """FedPer (Arivazhagan et al., 2019): train body and head jointly; only the body is shared,
+    the head stays on the client (``context.state``)."""
+
+    shared_group = "body"
+    personal_group = "heads"
+
+
+class FedRepClient(PFLClient):
+    """FedRep (Collins et al., 2021, Alg. 1): each round, first ``head_epochs`` epochs on the
+    personal head with the received body frozen, then ``local_epochs`` epochs on the body with
+    the new head frozen; only the body is sent back."""
+
+    shared_group = "body"
+    personal_group = "heads"
+
+    def __init__(self, *args, head_epochs: int = 5, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if head_epochs < 0:
+            raise ValueError(f"head_epochs must be >= 0, got {head_epochs}")
+        self.head_epochs = head_epochs
+
+    def local_update(self, config: Config) -> dict[str, float]:
+        head = self.train_groups(("heads",), self.head_epochs)
+        body = self.train_groups(("body",), self.train_config.local_epochs)
+        return {
+            "train_loss": body.loss,
+            "head_loss": head.loss,
+            "train_seconds": head.seconds + body.seconds,
+        }
