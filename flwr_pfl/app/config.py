@@ -44,6 +44,8 @@ class RunConfig:
         output_dir: where runs are written (``~`` expanded; made absolute).
         run_name: sub-directory of the run; empty = ``<algorithm>-<dataset>-<timestamp>``.
         wait_timeout: seconds the server waits for ``num_clients`` clients.
+        resume: continue the run in ``output_dir/run_name`` from its ``checkpoint.npz``
+            (server state; client state lives on the clients); false starts afresh.
     """
 
     algorithm: str = "fedavg"
@@ -65,6 +67,7 @@ class RunConfig:
     output_dir: str = "~/flwr_pfl_outputs"
     run_name: str = ""
     wait_timeout: float = 600.0
+    resume: bool = False
 
     def __post_init__(self) -> None:
         get_algorithm(self.algorithm)

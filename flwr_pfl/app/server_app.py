@@ -14,6 +14,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from flwr_pfl.app.config import Experiment, parse_experiment
 from flwr_pfl.app.results import ResultsWriter
+from flwr_pfl.errors import ConfigError
 from flwr_pfl.strategies.base import PFLStrategy
 from flwr_pfl.training import seed_everything
 
@@ -47,7 +48,9 @@ def run_server(grid: Grid, context: Context) -> ResultsWriter:
     seed_everything(experiment.run.seed)
     output = experiment.output_path()
     checkpoint = output / "checkpoint.npz"
-    resumed = checkpoint.exists()
+    resumed = experiment.run.resume
+    if resumed and not checkpoint.exists():
+        raise ConfigError(f"resume=true but there is no checkpoint at {checkpoint}; set run-name to the run to resume")
     writer = ResultsWriter(output, experiment.to_dict())
     strategy = build_strategy(experiment, writer)
     writer.state_fn = strategy.state_dict
