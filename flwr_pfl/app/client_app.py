@@ -11,7 +11,6 @@ from flwr_pfl.data.federated import load_client_data
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.models import build_model
 from flwr_pfl.training import seed_everything, set_num_threads
-from flwr_pfl.training.seed import client_seed
 
 
 def node_partition(context: Context, experiment: Experiment) -> tuple[int, int]:
@@ -38,7 +37,9 @@ def build_client(context: Context) -> PFLClient:
     set_num_threads(experiment.run.num_threads)
     partition_id, num_partitions = node_partition(context, experiment)
     data = load_client_data(experiment.data, partition_id, num_partitions)
-    seed_everything(client_seed(experiment.run.seed, partition_id))
+    # The same seed on every client: identical initial models, whichever client the server
+    # asks for the initial global parameters.
+    seed_everything(experiment.run.seed)
     spec = experiment.algorithm
     model = build_model(
         experiment.run.model,

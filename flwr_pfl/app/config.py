@@ -158,6 +158,7 @@ def parse_experiment(raw: Mapping[str, Any]) -> Experiment:
         raise ConfigError(f"unknown run-config key(s): {detail}. Known keys: {', '.join(sorted(known))}")
     run = parse_section(RunConfig, raw)
     data = parse_section(DataConfig, raw)
-    spec = get_algorithm(run.algorithm)
-    options = parse_section(spec.options, raw, f"{spec.name}.")
-    return Experiment(run=run, data=data, options=options)
+    # Every algorithm's options are checked, not only the chosen one's: a preset that sets
+    # another algorithm's option wrongly fails now rather than when someone switches to it.
+    options = {name: parse_section(spec.options, raw, f"{name}.") for name, spec in ALGORITHMS.items()}
+    return Experiment(run=run, data=data, options=options[run.algorithm])

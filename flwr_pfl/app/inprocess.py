@@ -10,6 +10,7 @@ the ``grid.run`` attribute read by the legacy server loop); the real-engine test
 
 from __future__ import annotations
 
+import threading
 import time
 import types
 from collections.abc import Iterable, Mapping
@@ -49,6 +50,9 @@ class InProcessGrid(Grid):
         self.bytes_sent = 0
         self.bytes_received = 0
         self.client_seconds = 0.0
+        # Flower's server loop contacts clients from a thread pool; clients share this process's
+        # random generators, so they run one at a time to keep runs reproducible.
+        self._lock = threading.Lock()
 
     def set_run(self, run: Any) -> None:
         self._run = run
@@ -64,6 +68,10 @@ class InProcessGrid(Grid):
         return list(self.contexts)
 
     def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        with self._lock:
+            return self._push(messages)
+
+    def _push(self, messages: Iterable[Message]) -> list[str]:
         ids = []
         for message in messages:
             message_id = str(uuid4())

@@ -1,0 +1,104 @@
+"""Run the app through the real ``flwr run .``, safely, and report whether it succeeded.
+
+``python -m flwr_pfl.app.launch [-c OVERRIDES]...`` does what a careful user would type by hand:
+
+* sets the environment ``flwr run`` needs offline (no per-run dependency install, which would
+  fetch torch again; no telemetry; no update check);
+* sizes the simulated federation from the run config (``num-supernodes = num-clients``) and
+  gives each client ``--cpus`` CPUs and ``--gpus`` of a GPU;
+* uses a private Flower home and port, so no SuperLink left over from another project (with
+  another environment) is reused, and stops the SuperLink it started when the run ends;
+* checks the run's final status with ``flwr list`` (``flwr run`` exits 0 even when the app
+  failed) and exits non-zero unless the run finished successfully.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from flwr.common.config import get_fused_config_from_dir, parse_config_args
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SAFE_ENV = {
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+}
+
+
+def flwr_env(flwr_home: Path, port: int) -> dict[str, str]:
+    """The environment for ``flwr`` commands: safe defaults, a private home and ports."""
+    return {
+        **os.environ,
+        **SAFE_ENV,
+        "FLWR_HOME": str(flwr_home),
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(port),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(port + 1),
+    }
+
+
+def stop_superlink(flwr_home: Path) -> None:
+    """Stop the SuperLink (and its SuperExec) that ``flwr run`` started under ``flwr_home``."""
+    result = subprocess.run(["pgrep", "-f", f"flower-superlink.*{flwr_home}"], capture_output=True, text=True)
+    for pid in result.stdout.split():
+        try:
+            os.kill(int(pid), signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
+def last_run_status(env: dict[str, str], app_dir: Path) -> str:
+    """Status of the newest run on the local SuperLink, e.g. ``finished:completed``."""
+    out = subprocess.run(["flwr", "list", "--format", "json"], env=env, cwd=app_dir, capture_output=True, text=True)
+    try:
+        runs = json.loads(out.stdout).get("runs", [])
+    except json.JSONDecodeError:
+        return f"unknown ({out.stdout.strip() or out.stderr.strip()})"
+    if not runs:
+        return "unknown (no runs listed)"
+    newest = max(runs, key=lambda r: str(r.get("created-at", "")))
+    return str(newest.get("status", "unknown"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-c", "--run-config", action="append", default=[], help="as for flwr run: 'k=v k2=v2' or a TOML file; repeatable")
+    parser.add_argument("--app", type=Path, default=REPO_ROOT, help="the Flower App directory (default: this repository)")
+    parser.add_argument("--cpus", type=int, default=1, help="CPUs per simulated client (default 1)")
+    parser.add_argument("--gpus", type=float, default=0.0, help="fraction of a GPU per simulated client (e.g. 0.25)")
+    parser.add_argument("--flwr-home", type=Path, default=None, help="Flower home (default: <app>/.flwr)")
+    parser.add_argument("--port", type=int, default=39291, help="private SuperLink HTTP port (default 39291)")
+    parser.add_argument("--keep-superlink", action="store_true", help="leave the SuperLink running afterwards")
+    args = parser.parse_args(argv)
+
+    app_dir = args.app.resolve()
+    flwr_home = (args.flwr_home or app_dir / ".flwr").resolve()
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    env = flwr_env(flwr_home, args.port)
+    overrides = parse_config_args(args.run_config)
+    config = get_fused_config_from_dir(app_dir, overrides)
+    num_clients = int(config["num-clients"])
+    federation = f"num-supernodes={num_clients} client-resources-num-cpus={args.cpus} client-resources-num-gpus={args.gpus}"
+    command = ["flwr", "run", str(app_dir), "--stream", "--federation-config", federation]
+    for item in args.run_config:
+        command += ["--run-config", item]
+    print(f"$ {' '.join(command)}", flush=True)
+    try:
+        code = subprocess.run(command, env=env, cwd=app_dir).returncode
+        status = last_run_status(env, app_dir) if code == 0 else f"flwr run exited with {code}"
+    finally:
+        if not args.keep_superlink:
+            stop_superlink(flwr_home)
+    print(f"run status: {status}", flush=True)
+    return 0 if status == "finished:completed" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""Run-config parsing: defaults, typed values, and errors that name the key and what is allowed."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from flwr_pfl.app.config import RunConfig, known_keys, parse_experiment
+from flwr_pfl.app.registry import ALGORITHMS
+from flwr_pfl.errors import ConfigError
+
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def pyproject_config() -> dict:
+    data = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    flat: dict = {}
+    for key, value in data["tool"]["flwr"]["app"]["config"].items():
+        if isinstance(value, dict):
+            flat.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            flat[key] = value
+    return flat
+
+
+def test_pyproject_lists_every_known_key_and_parses():
+    """flwr run only accepts overrides of keys present in pyproject.toml, so all must be there."""
+    config = pyproject_config()
+    assert set(config) == known_keys()
+    experiment = parse_experiment(config)
+    assert experiment.run.algorithm == "fedavg"
+    assert experiment.data.dataset == "fashion-mnist"
+
+
+def test_empty_config_uses_defaults():
+    experiment = parse_experiment({})
+    assert experiment.run == RunConfig()
+    assert experiment.train_config.optimizer.learning_rate == RunConfig().learning_rate
+
+
+def test_algorithm_options_are_namespaced():
+    experiment = parse_experiment({"algorithm": "fedrep", "fedrep.head-epochs": 3})
+    assert experiment.options.head_epochs == 3
+    assert experiment.to_dict()["fedrep.head-epochs"] == 3
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragments"),
+    [
+        ({"algorithm": "fedfoo"}, ["algorithm='fedfoo'", "fedavg", "fedrep"]),
+        ({"num-server-rounds": 0}, ["num-server-rounds=0", ">= 1"]),
+        ({"fraction-fit": 1.5}, ["fraction-fit=1.5", "[0, 1]"]),
+        ({"learning-rate": -1.0}, ["learning-rate", "> 0"]),
+        ({"model": "vgg"}, ["model='vgg'", "cnn28"]),
+        ({"optimizer": "lbfgs"}, ["optimizer='lbfgs'", "sgd, adam"]),
+        ({"local-epochs": 1.5}, ["local-epochs=1.5", "integer"]),
+        ({"device": 3}, ["device=3", "string"]),
+        ({"lerning-rate": 0.1}, ["lerning-rate", "learning-rate"]),
+        ({"fedrep.head-epochs": -2}, ["fedrep.head-epochs", ">= 0"]),
+        ({"dataset": "imagenet"}, ["imagenet", "fashion-mnist"]),
+        ({"partitioner": "zipf"}, ["zipf", "dirichlet"]),
+    ],
+)
+def test_bad_values_name_the_key_and_what_is_allowed(raw, fragments):
+    with pytest.raises(ConfigError) as err:
+        parse_experiment(raw)
+    for fragment in fragments:
+        assert fragment in str(err.value)
+
+
+def test_output_path_is_absolute_and_named(tmp_path):
+    experiment = parse_experiment({"output-dir": "~/somewhere", "run-name": "r1"})
+    path = experiment.output_path()
+    assert path.is_absolute() and path.name == "r1" and "~" not in str(path)
+
+
+def test_every_registered_algorithm_has_a_summary():
+    for name, spec in ALGORITHMS.items():
+        assert spec.name == name and spec.summary

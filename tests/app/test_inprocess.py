@@ -1,0 +1,138 @@
+"""End to end through the real Strategy and NumPyClient pairs, in one process (no Ray)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from flwr_pfl.app.client_app import app as client_app
+from flwr_pfl.app.inprocess import run_inprocess
+from flwr_pfl.app.registry import ALGORITHMS
+from flwr_pfl.app.server_app import app as server_app
+from flwr_pfl.clients import FedAvgClient
+from flwr_pfl.errors import ConfigError
+
+BASELINES = ["fedavg", "local", "finetune", "fedrep", "fedper"]
+
+
+def config(tmp_path, dataset, **overrides):
+    base = {
+        "dataset": dataset,
+        "model": "mlp",
+        "num-clients": 4,
+        "num-server-rounds": 3,
+        "learning-rate": 0.1,
+        "partitioner": "iid",
+        "test-fraction": 0.25,
+        "output-dir": str(tmp_path),
+        "run-name": "run",
+    }
+    return base | {k.replace("_", "-"): v for k, v in overrides.items()}
+
+
+def read_rows(tmp_path, name="run"):
+    return json.loads((tmp_path / name / "metrics.json").read_text())
+
+
+@pytest.mark.parametrize("algorithm", BASELINES)
+def test_baseline_trains_and_writes_results(tmp_path, blobs_dataset, algorithm):
+    grid = run_inprocess(server_app, client_app, 4, config(tmp_path, blobs_dataset, algorithm=algorithm))
+    out = tmp_path / "run"
+    for name in ("config.json", "metrics.json", "metrics.csv", "clients.json", "clients.csv", "learning_curves.png", "summary.txt"):
+        assert (out / name).exists(), name
+    evaluations = [r for r in read_rows(tmp_path) if r["phase"] == "evaluate"]
+    assert [r["round"] for r in evaluations] == [1, 2, 3]
+    assert evaluations[-1]["accuracy_wmean"] > 0.6  # 4 well-separated classes: chance is 0.25
+    for key in ("accuracy_mean", "accuracy_min", "accuracy_max", "accuracy_std", "loss_wmean"):
+        assert key in evaluations[-1]
+    clients = json.loads((out / "clients.json").read_text())
+    assert sorted(c["partition_id"] for c in clients) == [0, 1, 2, 3]
+    personal = {"local", "fedrep", "fedper"}
+    for context in grid.contexts.values():
+        assert ("personal" in context.state) == (algorithm in personal)
+    if algorithm == "local":
+        assert grid.bytes_sent == 0 and grid.bytes_received == 0
+
+
+def test_body_only_wire_is_smaller_than_fedavg(tmp_path, blobs_dataset):
+    sent = {}
+    for algorithm in ("fedavg", "fedrep"):
+        grid = run_inprocess(server_app, client_app, 4, config(tmp_path, blobs_dataset, algorithm=algorithm, run_name=algorithm))
+        sent[algorithm] = grid.bytes_received
+    assert 0 < sent["fedrep"] < sent["fedavg"]
+
+
+def test_finetune_reports_global_and_finetuned_accuracy(tmp_path, blobs_dataset):
+    run_inprocess(server_app, client_app, 4, config(tmp_path, blobs_dataset, algorithm="finetune"))
+    last = [r for r in read_rows(tmp_path) if r["phase"] == "evaluate"][-1]
+    assert "global_accuracy_wmean" in last and "accuracy_wmean" in last
+
+
+class _BadReplyClient(FedAvgClient):
+    """Partition 0 corrupts its reply in the way named by the test."""
+
+    fault = "nan"
+
+    def fit(self, parameters, config):
+        arrays, n, metrics = super().fit(parameters, config)
+        if self.partition_id == 0:
+            if self.fault == "nan":
+                arrays[0] = np.full_like(arrays[0], np.nan)
+            elif self.fault == "shape":
+                arrays[0] = arrays[0][:1]
+            elif self.fault == "count":
+                arrays = arrays[:-1]
+            elif self.fault == "examples":
+                n = 0
+            elif self.fault == "raise":
+                raise RuntimeError("disk full")
+        return arrays, n, metrics
+
+
+@pytest.mark.parametrize("fault", ["nan", "shape", "count", "examples", "raise"])
+def test_bad_reply_is_rejected_and_the_round_goes_on(tmp_path, blobs_dataset, monkeypatch, fault):
+    client = type("BadClient", (_BadReplyClient,), {"fault": fault})
+    monkeypatch.setitem(ALGORITHMS, "fedavg", dataclasses.replace(ALGORITHMS["fedavg"], client=client))
+    run_inprocess(server_app, client_app, 4, config(tmp_path, blobs_dataset, num_server_rounds=2))
+    fits = [r for r in read_rows(tmp_path) if r["phase"] == "fit"]
+    assert [r["num_failures"] for r in fits] == [1.0, 1.0]
+    assert all(r["num_clients"] == 3.0 for r in fits)  # the other three were aggregated
+    if fault != "raise":
+        assert all(r["num_rejected"] == 1.0 for r in fits)
+    last = [r for r in read_rows(tmp_path) if r["phase"] == "evaluate"][-1]
+    assert np.isfinite(last["loss_wmean"]) and last["accuracy_wmean"] > 0.5
+
+
+def test_bad_config_stops_before_any_training(tmp_path, blobs_dataset):
+    from flwr_pfl.app.inprocess import InProcessGrid
+    from flwr.app import Context, RecordDict
+
+    cfg = config(tmp_path, blobs_dataset, algorithm="fedfoo")
+    grid = InProcessGrid(client_app, 4, cfg)
+    with pytest.raises(ConfigError, match="fedfoo"):
+        server_app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
+    assert grid.client_seconds == 0.0
+
+
+def test_resume_continues_from_the_checkpoint(tmp_path, blobs_dataset):
+    run_inprocess(server_app, client_app, 4, config(tmp_path, blobs_dataset, num_server_rounds=2))
+    assert (tmp_path / "run" / "checkpoint.npz").exists()
+    run_inprocess(server_app, client_app, 4, config(tmp_path, blobs_dataset, num_server_rounds=3, resume=True))
+    rounds = [r["round"] for r in read_rows(tmp_path) if r["phase"] == "evaluate"]
+    assert rounds == [3]  # the resumed run did only the missing round, numbered 3
+
+
+def test_resume_without_checkpoint_is_a_config_error(tmp_path, blobs_dataset):
+    with pytest.raises(ConfigError, match="no checkpoint"):
+        run_inprocess(server_app, client_app, 4, config(tmp_path, blobs_dataset, resume=True))
+
+
+def test_runs_are_reproducible_under_a_seed(tmp_path, blobs_dataset):
+    finals = []
+    for name in ("a", "b"):
+        run_inprocess(server_app, client_app, 4, config(tmp_path, blobs_dataset, run_name=name, algorithm="fedrep"))
+        finals.append([r for r in read_rows(tmp_path, name) if r["phase"] == "evaluate"][-1]["loss_wmean"])
+    assert finals[0] == pytest.approx(finals[1], rel=1e-6)
