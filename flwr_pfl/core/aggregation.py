@@ -42,6 +42,7 @@ def weighted_average(arrays_per_client: Sequence[Sequence[np.ndarray]], weights:
     for i, ref in enumerate(reference):
         acc = np.zeros(ref.shape, dtype=np.float64)
         for wk, arrays in zip(w, arrays_per_client):
-            acc += wk * arrays[i]
+            if wk > 0:  # a zero-weight client is left out entirely (0 * inf would be NaN)
+                acc += wk * arrays[i]
         out.append(np.rint(acc).astype(ref.dtype) if np.issubdtype(ref.dtype, np.integer) else acc.astype(ref.dtype))
     return out

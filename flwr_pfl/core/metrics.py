@@ -46,8 +46,9 @@ def domain_metrics(client_metrics: Sequence[Mapping[str, float]]) -> dict[str, f
     """Pool per-domain accuracy/loss over clients, weighting each client by its domain count.
 
     Clients report ``n_d<m>`` with ``acc_d<m>`` / ``loss_d<m>`` (optionally behind a prefix such
-    as ``global_``). Returns ``<prefix><kind>_d<m>`` for each domain present, plus
-    ``<prefix><kind>_domain_min`` and ``<prefix><kind>_domain_mean`` across domains.
+    as ``global_``). Returns ``<prefix><kind>_d<m>`` for each domain present, plus the worst
+    domain (``<prefix>acc_domain_min``, ``<prefix>loss_domain_max``) and
+    ``<prefix><kind>_domain_mean`` across domains.
     """
     sums: dict[tuple[str, str, int], list[float]] = {}
     for metrics in client_metrics:

@@ -16,8 +16,11 @@ Scalar = bool | int | float | str
 
 
 def save_arrays(state: RecordDict, key: str, arrays: list[np.ndarray]) -> None:
-    """Store an ordered list of arrays under ``key`` (replacing what was there)."""
-    state[key] = ArrayRecord([np.ascontiguousarray(a) for a in arrays])
+    """Store an ordered list of arrays under ``key`` (replacing what was there).
+
+    0-d arrays (e.g. BatchNorm's ``num_batches_tracked``) keep their shape ``()``.
+    """
+    state[key] = ArrayRecord([np.asarray(a, order="C") for a in arrays])
 
 
 def load_arrays(state: RecordDict, key: str) -> list[np.ndarray] | None:
