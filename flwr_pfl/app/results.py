@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,12 +43,14 @@ class ResultsWriter:
         self.config = config
         self.state_fn = state_fn
         self.rows: list[dict[str, Any]] = []
+        self.started = time.perf_counter()
         self.clients: dict[int, dict[str, Any]] = {}
         (self.directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
 
     # The strategy calls this after every aggregation (see PFLStrategy.on_round).
     def on_round(self, server_round: int, phase: str, metrics: dict[str, float], clients: dict[int, dict[str, Scalar]]) -> None:
-        self.rows.append({"round": server_round, "phase": phase, **_plain(metrics)})
+        elapsed = time.perf_counter() - self.started
+        self.rows.append({"round": server_round, "phase": phase, "elapsed_seconds": elapsed, **_plain(metrics)})
         if phase == "evaluate":
             for pid, values in clients.items():
                 self.clients[pid] = {"partition_id": pid, "round": server_round, **_plain(values)}

@@ -8,6 +8,7 @@ bad replies, summarising metrics, recording results, checkpoint state) is writte
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from logging import INFO, WARNING
 from typing import Any
@@ -158,6 +159,7 @@ class PFLStrategy(FedAvg):
         results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        start = time.perf_counter()
         replies: list[ClientReply] = []
         rejected = 0
         for proxy, res in results:
@@ -180,6 +182,7 @@ class PFLStrategy(FedAvg):
         metrics |= aggregate_client_metrics(
             [(r.num_examples, r.metrics) for r in replies], keys=self.fit_metric_keys(replies)
         )
+        metrics["aggregate_seconds"] = time.perf_counter() - start
         self._notify(server_round, "fit", metrics, {r.partition_id: r.metrics for r in replies})
         return ndarrays_to_parameters(arrays), metrics
 

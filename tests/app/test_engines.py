@@ -9,12 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from flwr.app import Context
-from flwr.clientapp import ClientApp
-from flwr.serverapp import ServerApp
-
-from flwr_pfl.app.client_app import app as client_app
-from flwr_pfl.app.server_app import app as server_app
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,42 +27,11 @@ def tiny(data_dir: Path, out: Path, **extra) -> dict:
     }
 
 
-class _ConfiguredClientApp(ClientApp):
-    """run_simulation leaves run_config empty; hand the clients ours (state stays shared)."""
-
-    def __init__(self, inner: ClientApp, run_config: dict) -> None:
-        super().__init__()
-        self._inner, self._config = inner, run_config
-
-    def __call__(self, message, context):
-        ctx = Context(run_id=context.run_id, node_id=context.node_id, node_config=context.node_config,
-                      state=context.state, run_config={**self._config, **context.run_config})
-        return self._inner(message, ctx)
-
-
-def _configured_server_app(inner: ServerApp, run_config: dict) -> ServerApp:
-    app = ServerApp()
-
-    @app.main()
-    def _main(grid, context):
-        context.run_config.update(run_config)
-        inner(grid, context)
-
-    return app
-
-
 @pytest.mark.slow
 def test_ray_simulation_engine(tmp_path, data_dir):
-    from flwr.simulation import run_simulation
+    from flwr_pfl.app.simulation import run_ray_simulation
 
-    cfg = tiny(data_dir, tmp_path, algorithm="fedrep")
-    run_simulation(
-        server_app=_configured_server_app(server_app, cfg),
-        client_app=_ConfiguredClientApp(client_app, cfg),
-        num_supernodes=3,
-        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                        "init_args": {"num_cpus": 2, "logging_level": "ERROR", "log_to_driver": False}},
-    )
+    run_ray_simulation(tiny(data_dir, tmp_path, algorithm="fedrep"), num_clients=3, total_cpus=2)
     rows = json.loads((tmp_path / "run" / "metrics.json").read_text())
     evaluations = [r for r in rows if r["phase"] == "evaluate"]
     assert [r["round"] for r in evaluations] == [1, 2]

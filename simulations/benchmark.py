@@ -1,0 +1,206 @@
+"""Benchmark: the cost of each algorithm's round against FedAvg's, and against a plain loop.
+
+Runs a fixed workload (default: 20 clients, Fashion-MNIST with Dirichlet(0.3) label skew,
+the small CNN, 3 rounds, 1 local epoch) for a list of algorithms, one after another in this
+process, through the real strategies and clients on the in-process grid (no Ray, so the
+figures are the algorithms' and Flower's own costs, not the simulation engine's). Then it
+trains the same clients with a plain PyTorch loop (same data, model, optimizer and shared
+train loop; no Flower, no messages): the floor.
+
+For each algorithm it reports wall time per round, time in client code, time in server
+aggregation, array bytes sent and received per round, and peak resident memory during the
+run, each also as a ratio against FedAvg in the same process (these machines are shared and
+noisy, so only ratios within one run are comparable). FedAvg's round time is also given as a
+ratio against the floor.
+
+    python simulations/benchmark.py --data-dir DIR [--algorithms fedavg fedrep ...] [--out docs/benchmark]
+
+Writes ``benchmark.json`` and ``benchmark.md`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flwr_pfl.app.client_app import app as client_app
+from flwr_pfl.app.config import parse_experiment
+from flwr_pfl.app.inprocess import run_inprocess
+from flwr_pfl.app.server_app import app as server_app
+from flwr_pfl.core.aggregation import weighted_average
+from flwr_pfl.data.federated import load_client_data
+from flwr_pfl.models import build_model
+from flwr_pfl.training import evaluate, get_arrays, resolve_device, seed_everything, set_arrays, train
+
+DEFAULT_ALGORITHMS = ["fedavg", "local", "finetune", "fedrep", "fedper"]
+
+
+def reset_peak_memory() -> None:
+    """Reset the kernel's peak-RSS counter for this process (Linux; no-op elsewhere)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def peak_memory_mb() -> float:
+    """Peak resident set size since the last reset, in MiB (Linux: VmHWM)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def workload(args: argparse.Namespace, algorithm: str) -> dict[str, Any]:
+    return {
+        "algorithm": algorithm,
+        "dataset": args.dataset,
+        "data-dir": str(args.data_dir),
+        "partitioner": "dirichlet",
+        "dirichlet-alpha": 0.3,
+        "num-clients": args.clients,
+        "num-server-rounds": args.rounds,
+        "max-samples": args.samples,
+        "model": args.model,
+        "device": args.device,
+        "output-dir": str(args.out / "runs"),
+        "run-name": algorithm,
+    }
+
+
+def measure_algorithm(args: argparse.Namespace, algorithm: str) -> dict[str, float]:
+    """Run one algorithm through Flower in-process and summarise its costs per round."""
+    reset_peak_memory()
+    start = time.perf_counter()
+    grid = run_inprocess(server_app, client_app, args.clients, workload(args, algorithm))
+    wall = time.perf_counter() - start
+    rows = json.loads((args.out / "runs" / algorithm / "metrics.json").read_text())
+    fits = [r for r in rows if r["phase"] == "fit"]
+    evals = [r for r in rows if r["phase"] == "evaluate"]
+    train_seconds = sum(r.get("train_seconds_mean", 0.0) * r.get("num_clients", 0.0) for r in fits)
+    return {
+        "round_seconds": wall / args.rounds,
+        "client_seconds": grid.client_seconds / args.rounds,
+        "train_seconds": train_seconds / args.rounds,
+        "aggregate_seconds": sum(r.get("aggregate_seconds", 0.0) for r in fits) / args.rounds,
+        "bytes_sent": grid.bytes_sent / args.rounds,
+        "bytes_received": grid.bytes_received / args.rounds,
+        "peak_memory_mb": peak_memory_mb(),
+        "final_accuracy": evals[-1].get("accuracy_wmean", float("nan")) if evals else float("nan"),
+    }
+
+
+def measure_floor(args: argparse.Namespace) -> dict[str, float]:
+    """FedAvg's computation as a plain loop: train each client in turn, average, evaluate."""
+    experiment = parse_experiment(workload(args, "fedavg"))
+    device = resolve_device(args.device)
+    clients = [load_client_data(experiment.data, pid, args.clients) for pid in range(args.clients)]
+    seed_everything(experiment.run.seed)
+    model = build_model(args.model, clients[0].input_shape, clients[0].num_outputs)
+    reset_peak_memory()
+    start = time.perf_counter()
+    global_arrays = get_arrays(model)
+    for _ in range(args.rounds):
+        updates, sizes = [], []
+        for data in clients:
+            set_arrays(model, global_arrays)
+            train(model, data.train.loader(experiment.run.batch_size, shuffle=True),
+                  optimizer=experiment.run.optimizer_config(), device=device, epochs=experiment.run.local_epochs)
+            updates.append(get_arrays(model))
+            sizes.append(len(data.train))
+        global_arrays = weighted_average(updates, sizes)
+        set_arrays(model, global_arrays)
+        for data in clients:
+            evaluate(model, data.test, device=device)
+    return {"round_seconds": (time.perf_counter() - start) / args.rounds, "peak_memory_mb": peak_memory_mb()}
+
+
+COLUMNS = [
+    ("round_seconds", "round (s)"),
+    ("client_seconds", "client code (s)"),
+    ("aggregate_seconds", "aggregation (s)"),
+    ("bytes_sent", "sent (MB)"),
+    ("bytes_received", "received (MB)"),
+    ("peak_memory_mb", "peak RSS (MiB)"),
+]
+
+
+def table(results: dict[str, dict[str, float]], floor: dict[str, float]) -> str:
+    """Markdown table: each figure with its ratio to FedAvg's in brackets."""
+    base = results.get("fedavg", next(iter(results.values())))
+    lines = [
+        "| algorithm | " + " | ".join(label for _, label in COLUMNS) + " | final accuracy |",
+        "|---|" + "---|" * (len(COLUMNS) + 1),
+    ]
+    for name, row in results.items():
+        cells = []
+        for key, _ in COLUMNS:
+            value = row[key] / 1e6 if key.startswith("bytes") else row[key]
+            ratio = row[key] / base[key] if base[key] else float("nan")
+            cells.append(f"{value:.3g} (x{ratio:.2f})")
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {row['final_accuracy']:.3f} |")
+    lines.append(
+        f"| plain PyTorch loop (floor) | {floor['round_seconds']:.3g} "
+        f"(FedAvg is x{base['round_seconds'] / floor['round_seconds']:.2f} the floor) | | | | | "
+        f"{floor['peak_memory_mb']:.3g} | |"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-dir", type=Path, required=True)
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmark"))
+    parser.add_argument("--algorithms", nargs="+", default=DEFAULT_ALGORITHMS)
+    parser.add_argument("--dataset", default="fashion-mnist")
+    parser.add_argument("--model", default="cnn28")
+    parser.add_argument("--clients", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--samples", type=int, default=6000, help="pool size shared by the clients")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    args.out = args.out.resolve()
+    args.data_dir = args.data_dir.resolve()
+    torch.set_num_threads(args.threads)
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+
+    # Load and partition the data once before timing anything: every run then finds it cached.
+    experiment = parse_experiment(workload(args, "fedavg"))
+    for pid in range(args.clients):
+        load_client_data(experiment.data, pid, args.clients)
+    results = {name: measure_algorithm(args, name) for name in args.algorithms}
+    floor = measure_floor(args)
+    report = {
+        "workload": {k: v for k, v in vars(args).items() if k not in ("out", "data_dir")},
+        "machine": {"platform": platform.platform(), "processor": platform.processor(), "torch": torch.__version__,
+                    "threads": torch.get_num_threads(), "device": args.device},
+        "results": results,
+        "ratios_vs_fedavg": {
+            name: {k: (row[k] / results["fedavg"][k] if results.get("fedavg", {}).get(k) else None) for k, _ in COLUMNS}
+            for name, row in results.items()
+        },
+        "floor": floor,
+        "fedavg_round_vs_floor": results["fedavg"]["round_seconds"] / floor["round_seconds"] if "fedavg" in results else None,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "benchmark.json").write_text(json.dumps(report, indent=2))
+    md = table(results, floor)
+    (args.out / "benchmark.md").write_text(md + "\n")
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
