@@ -1,0 +1,188 @@
+"""The data layer's configuration: one frozen, validated dataclass.
+
+Flower's run-config keys are kebab-case (``dirichlet-alpha``); the fields are snake_case
+(``dirichlet_alpha``). :meth:`DataConfig.from_run_config` maps the keys it knows, so the app
+parses them once, at the boundary. Every check raises :class:`~flwr_pfl.errors.ConfigError`
+naming the key, the value received and what is allowed. The dataclass is hashable, so the
+pipeline can cache its stages per config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from flwr_pfl.data.registry import available_datasets
+from flwr_pfl.errors import ConfigError
+
+PARTITIONERS = ("iid", "dirichlet", "pathological", "domain-mixture", "one-domain-per-client")
+DOMAIN_TRANSFORMS = ("none", "rotation", "color", "corruption")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Which dataset, how it is split into domains and clients, and each client's local split.
+
+    Attributes (run-config key in brackets):
+        dataset [dataset]: a registered dataset name; built in: mnist, fashion-mnist, cifar10,
+            cifar100 (see ``flwr_pfl.data.registry.register_dataset`` to add more).
+        data_dir [data-dir]: root folder of the datasets, in torchvision's layout
+            (``<data-dir>/MNIST/raw/...``). ``~`` is expanded; the result must be absolute,
+            because Flower runs apps from their own install folder.
+        download [download]: let torchvision download a missing dataset (needs internet).
+        partitioner [partitioner]: how samples are dealt to clients: iid, dirichlet (label
+            skew), pathological (k classes per client), domain-mixture (Dirichlet domain mix,
+            fixed size), one-domain-per-client.
+        dirichlet_alpha [dirichlet-alpha]: concentration of the label-skew Dirichlet, > 0.
+        classes_per_client [classes-per-client]: labels per client for pathological, >= 1.
+        domain_transform [domain-transform]: none, rotation, color or corruption; turns one
+            dataset into ``num_domains`` domains (``flwr_pfl.data.domains``).
+        num_domains [num-domains]: number of domains made by the transform (1 for none; a
+            dataset with natural domains brings its own count).
+        rotation_step [rotation-step]: degrees between consecutive rotation domains, > 0.
+        clean_domain [clean-domain]: for corruption, make domain 0 the unchanged images.
+        domain_alpha [domain-alpha]: concentration of the domain-mixture partitioner, > 0.
+        samples_per_client [samples-per-client]: exact client size for domain-mixture
+            (required > 0 there); for the other partitioners a positive value caps each
+            client's size, and 0 keeps what the partitioner gives.
+        max_samples [max-samples]: 0 keeps the whole pool; otherwise a seeded subsample,
+            stratified by label, of this many samples (short CPU runs).
+        val_fraction [val-fraction], test_fraction [test-fraction]: shares of each client's
+            samples held out for validation and test, each in [0, 1), sum < 1.
+        seed [seed]: seeds every random choice of the data layer.
+    """
+
+    dataset: str = "mnist"
+    data_dir: str = "~/.cache/flwr_pfl/data"
+    download: bool = False
+    partitioner: str = "iid"
+    dirichlet_alpha: float = 0.5
+    classes_per_client: int = 2
+    domain_transform: str = "none"
+    num_domains: int = 1
+    rotation_step: float = 15.0
+    clean_domain: bool = False
+    domain_alpha: float = 1.0
+    samples_per_client: int = 0
+    max_samples: int = 0
+    val_fraction: float = 0.0
+    test_fraction: float = 0.2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check_type(self, "dataset", str)
+        _check_choice(self, "dataset", available_datasets())
+        _check_type(self, "data_dir", str)
+        expanded = os.path.expanduser(self.data_dir)
+        if not os.path.isabs(expanded):
+            _fail("data_dir", self.data_dir, "an absolute path (after expanding '~')")
+        object.__setattr__(self, "data_dir", expanded)
+        _check_type(self, "download", bool)
+        _check_type(self, "partitioner", str)
+        _check_choice(self, "partitioner", PARTITIONERS)
+        _check_number(self, "dirichlet_alpha", low=0.0, low_open=True)
+        _check_int(self, "classes_per_client", low=1)
+        _check_type(self, "domain_transform", str)
+        _check_choice(self, "domain_transform", DOMAIN_TRANSFORMS)
+        _check_int(self, "num_domains", low=1)
+        if self.domain_transform == "none" and self.num_domains != 1:
+            _fail(
+                "num_domains",
+                self.num_domains,
+                "1 when domain-transform is 'none' (set domain-transform to rotation, color "
+                "or corruption to make several domains)",
+            )
+        _check_number(self, "rotation_step", low=0.0, low_open=True)
+        _check_type(self, "clean_domain", bool)
+        if self.domain_transform == "corruption":
+            from flwr_pfl.data.domains import Corruption  # torchvision only when needed
+
+            Corruption.first(self.num_domains, self.clean_domain)  # checks the domain count
+        _check_number(self, "domain_alpha", low=0.0, low_open=True)
+        _check_int(self, "samples_per_client", low=0)
+        if self.partitioner == "domain-mixture" and self.samples_per_client == 0:
+            _fail(
+                "samples_per_client",
+                0,
+                "> 0 with partitioner 'domain-mixture' (every client draws exactly this many)",
+            )
+        _check_int(self, "max_samples", low=0)
+        _check_number(self, "val_fraction", low=0.0, high=1.0)
+        _check_number(self, "test_fraction", low=0.0, high=1.0)
+        if self.val_fraction + self.test_fraction >= 1.0:
+            _fail(
+                "test_fraction",
+                self.test_fraction,
+                f"a value with val-fraction + test-fraction < 1 (val-fraction is "
+                f"{self.val_fraction}), so that clients keep training samples",
+            )
+        _check_int(self, "seed")
+
+    @classmethod
+    def from_run_config(cls, run_config: Mapping[str, Any]) -> DataConfig:
+        """A config from Flower run-config keys; keys the data layer does not use are ignored."""
+        known = {run_key(f.name): f.name for f in dataclasses.fields(cls)}
+        return cls(**{known[k]: v for k, v in run_config.items() if k in known})
+
+    def to_run_config(self) -> dict[str, Any]:
+        """The config as run-config keys and values (for results files)."""
+        return {run_key(f.name): getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def run_key(field: str) -> str:
+    """The run-config key of a field: ``dirichlet_alpha`` -> ``dirichlet-alpha``."""
+    return field.replace("_", "-")
+
+
+def _fail(field: str, value: Any, allowed: str) -> None:
+    raise ConfigError(
+        f"data config key {run_key(field)!r} (DataConfig.{field}) must be {allowed}; "
+        f"got {value!r}"
+    )
+
+
+def _check_type(config: DataConfig, field: str, kind: type) -> None:
+    value = getattr(config, field)
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        _fail(field, value, f"of type {kind.__name__}")
+
+
+def _check_choice(config: DataConfig, field: str, allowed: tuple[str, ...]) -> None:
+    value = getattr(config, field)
+    if value not in allowed:
+        _fail(field, value, "one of " + ", ".join(repr(a) for a in allowed))
+
+
+def _check_int(config: DataConfig, field: str, low: int | None = None) -> None:
+    _check_type(config, field, int)
+    value = getattr(config, field)
+    if low is not None and value < low:
+        _fail(field, value, f"an integer >= {low}")
+
+
+def _check_number(
+    config: DataConfig,
+    field: str,
+    low: float,
+    high: float | None = None,
+    low_open: bool = False,
+) -> None:
+    """Accept int or float (TOML writes ``1`` for 1.0), store a float, check the range.
+
+    The range is [low, high) or, with ``low_open``, (low, inf).
+    """
+    value = getattr(config, field)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        _fail(field, value, "a number")
+    value = float(value)
+    inside = value > low if low_open else value >= low
+    if high is not None:
+        inside = inside and value < high
+    if not inside or not math.isfinite(value):
+        where = f"> {low}" if low_open else f"in [{low}, {high})"
+        _fail(field, getattr(config, field), f"a number {where}")
+    object.__setattr__(config, field, value)

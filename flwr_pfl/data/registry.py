@@ -1,0 +1,125 @@
+"""Datasets by name: the pool type every dataset builder returns, and the registry of builders.
+
+A *pool* is the whole dataset before it is split among clients (for the torchvision datasets,
+train and test concatenated). The federated pipeline (``flwr_pfl.data.federated``) turns a pool
+into clients: subsample, domain transform, partition, local train/val/test split.
+
+New datasets (synthetic problems, local files) join the pipeline by name::
+
+    def build(config: DataConfig) -> DatasetPool: ...
+    register_dataset("my-dataset", build)
+
+after which ``DataConfig(dataset="my-dataset")`` is valid. A builder may read the dataset-level
+fields of the config (``data_dir``, ``download``, ``seed``, ``num_domains``) and should not depend
+on the partitioning or split fields. The pipeline caches what a builder returns per config, so a
+builder need not cache itself unless several configs share an expensive load (as the torchvision
+loader does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import torch
+
+from flwr_pfl.data.types import Task
+
+if TYPE_CHECKING:
+    from flwr_pfl.data.config import DataConfig
+
+
+@dataclass(frozen=True, eq=False)
+class DatasetPool:
+    """All samples of a dataset, before partitioning.
+
+    Attributes:
+        x: inputs, shape (N, *input_shape). Images are (N, C, H, W) and may be kept as uint8
+            pixels (0..255) to save memory; :meth:`inputs` turns them into float32 in [0, 1].
+        y: int64 class labels (classification) or float32 targets (regression), shape (N,) or
+            (N, o).
+        domain: int64 domain labels of shape (N,), in [0, num_domains).
+        num_classes: number of classes (0 for regression).
+        num_domains: number of domains the samples come from (1 for plain datasets).
+        task: "classification" or "regression".
+        mean, std: per-channel statistics used to standardise the inputs after any domain
+            transform, or None to leave the inputs as they are.
+    """
+
+    x: torch.Tensor
+    y: torch.Tensor
+    domain: torch.Tensor
+    num_classes: int
+    num_domains: int = 1
+    task: Task = "classification"
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        n = self.x.shape[0]
+        if self.y.shape[0] != n or self.domain.shape[0] != n:
+            raise ValueError(
+                f"x, y and domain must have the same number of samples; got {n}, "
+                f"{self.y.shape[0]} and {self.domain.shape[0]}"
+            )
+        if (self.mean is None) != (self.std is None):
+            raise ValueError("mean and std must be given together")
+
+    def __len__(self) -> int:
+        return int(self.x.shape[0])
+
+    def inputs(self, index: torch.Tensor) -> torch.Tensor:
+        """The inputs at ``index`` as float32; uint8 pixels are scaled to [0, 1]."""
+        x = self.x[index]
+        if x.dtype == torch.uint8:
+            return x.to(torch.float32).div_(255.0)
+        return x.to(torch.float32)
+
+    def select(self, index: torch.Tensor) -> DatasetPool:
+        """A pool with the samples at ``index`` only (same metadata)."""
+        return replace(self, x=self.x[index], y=self.y[index], domain=self.domain[index])
+
+    def with_domains(self, domain: torch.Tensor, num_domains: int) -> DatasetPool:
+        """The same samples with new domain labels."""
+        return replace(self, domain=domain, num_domains=num_domains)
+
+
+DatasetBuilder = Callable[["DataConfig"], DatasetPool]
+
+_BUILDERS: dict[str, DatasetBuilder] = {}
+
+
+def register_dataset(name: str, builder: DatasetBuilder, *, replace: bool = False) -> None:
+    """Make ``name`` a valid ``dataset`` value whose pool ``builder(config)`` returns.
+
+    Raises:
+        ValueError: ``name`` is already registered and ``replace`` is false.
+    """
+    if name in _BUILDERS and not replace:
+        raise ValueError(
+            f"dataset {name!r} is already registered; pass replace=True to override it"
+        )
+    _BUILDERS[name] = builder
+
+
+def dataset_builder(name: str) -> DatasetBuilder:
+    """The builder registered under ``name`` (KeyError if none)."""
+    return _BUILDERS[name]
+
+
+def available_datasets() -> tuple[str, ...]:
+    """Registered dataset names, in registration order."""
+    return tuple(_BUILDERS)
+
+
+def _build_vision(config: DataConfig) -> DatasetPool:
+    # Imported on use so that validating a config does not import torchvision's datasets.
+    from flwr_pfl.data.vision import build_vision_pool
+
+    return build_vision_pool(config)
+
+
+VISION_DATASETS = ("mnist", "fashion-mnist", "cifar10", "cifar100")
+for _name in VISION_DATASETS:
+    register_dataset(_name, _build_vision)

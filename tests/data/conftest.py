@@ -1,0 +1,34 @@
+"""Tiny in-memory datasets for the data-layer tests (registered by name, nothing on disk)."""
+
+from __future__ import annotations
+
+import torch
+
+from flwr_pfl.data.config import DataConfig
+from flwr_pfl.data.registry import DatasetPool, register_dataset
+
+TOY_SIZE = 1000
+TOY_CLASSES = 10
+
+
+def toy_images(config: DataConfig) -> DatasetPool:
+    """1000 random 8x8 grey uint8 images, 100 per class, labels in a fixed shuffled order."""
+    g = torch.Generator().manual_seed(1234)
+    y = torch.arange(TOY_SIZE) % TOY_CLASSES
+    y = y[torch.randperm(TOY_SIZE, generator=g)]
+    x = torch.randint(0, 256, (TOY_SIZE, 1, 8, 8), generator=g, dtype=torch.uint8)
+    return DatasetPool(
+        x, y, torch.zeros(TOY_SIZE, dtype=torch.int64), TOY_CLASSES, mean=(0.5,), std=(0.25,)
+    )
+
+
+def toy_regression(config: DataConfig) -> DatasetPool:
+    """300 random 5-dimensional vectors with a linear target (no images, no classes)."""
+    g = torch.Generator().manual_seed(99)
+    x = torch.randn(300, 5, generator=g)
+    y = x @ torch.arange(1.0, 6.0)
+    return DatasetPool(x, y, torch.zeros(300, dtype=torch.int64), 0, task="regression")
+
+
+register_dataset("toy-images", toy_images, replace=True)
+register_dataset("toy-regression", toy_regression, replace=True)

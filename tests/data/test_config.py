@@ -1,0 +1,94 @@
+"""DataConfig: defaults, validation messages (key, value, allowed), run-config mapping."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+
+from flwr_pfl.data.config import DataConfig
+from flwr_pfl.data.registry import available_datasets, dataset_builder, register_dataset
+from flwr_pfl.errors import ConfigError
+
+
+def test_defaults_are_valid_and_hashable() -> None:
+    config = DataConfig()
+    assert hash(config) == hash(DataConfig())
+    assert os.path.isabs(config.data_dir)
+    assert {"mnist", "fashion-mnist", "cifar10", "cifar100"} <= set(available_datasets())
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"dataset": "imagenet"}, ["'dataset'", "'imagenet'", "'mnist'", "'cifar100'"]),
+        ({"partitioner": "shards"}, ["'partitioner'", "'shards'", "'one-domain-per-client'"]),
+        ({"domain_transform": "blur"}, ["'domain-transform'", "'blur'", "'corruption'"]),
+        ({"dirichlet_alpha": 0.0}, ["'dirichlet-alpha'", "0.0", "> 0"]),
+        ({"domain_alpha": -1}, ["'domain-alpha'", "-1", "> 0"]),
+        ({"classes_per_client": 0}, ["'classes-per-client'", "0", ">= 1"]),
+        ({"num_domains": 3}, ["'num-domains'", "3", "'none'"]),
+        ({"samples_per_client": -5}, ["'samples-per-client'", "-5", ">= 0"]),
+        ({"partitioner": "domain-mixture"}, ["'samples-per-client'", "'domain-mixture'"]),
+        ({"max_samples": -1}, ["'max-samples'", ">= 0"]),
+        ({"val_fraction": 1.0}, ["'val-fraction'", "1.0", "[0.0, 1.0)"]),
+        ({"val_fraction": 0.5, "test_fraction": 0.5}, ["'test-fraction'", "< 1"]),
+        ({"data_dir": "relative/data"}, ["'data-dir'", "'relative/data'", "absolute"]),
+        ({"download": "yes"}, ["'download'", "'yes'", "bool"]),
+        ({"seed": 1.5}, ["'seed'", "1.5", "int"]),
+        ({"classes_per_client": True}, ["'classes-per-client'", "True"]),
+        ({"rotation_step": float("nan")}, ["'rotation-step'", "nan"]),
+        (
+            {"domain_transform": "corruption", "num_domains": 5},
+            ["'num-domains'", "<= 4", "5", "clean-domain=False"],
+        ),
+    ],
+)
+def test_bad_values_name_key_value_and_allowed(changes: dict, expected: list[str]) -> None:
+    with pytest.raises(ConfigError) as info:
+        DataConfig(**changes)
+    for fragment in expected:
+        assert fragment in str(info.value)
+
+
+def test_home_is_expanded_and_ints_become_floats() -> None:
+    config = DataConfig(data_dir="~/datasets", dirichlet_alpha=1, val_fraction=0)
+    assert config.data_dir == os.path.join(os.path.expanduser("~"), "datasets")
+    assert isinstance(config.dirichlet_alpha, float) and isinstance(config.val_fraction, float)
+
+
+def test_domain_settings_that_fit_together() -> None:
+    config = DataConfig(
+        partitioner="domain-mixture", samples_per_client=100, domain_transform="rotation",
+        num_domains=6,
+    )
+    assert config.num_domains == 6
+
+
+def test_run_config_round_trip_ignores_other_keys() -> None:
+    run_config = {
+        "dataset": "fashion-mnist",
+        "dirichlet-alpha": 0.1,
+        "partitioner": "dirichlet",
+        "num-server-rounds": 50,  # someone else's key
+        "data-dir": "/data",
+    }
+    config = DataConfig.from_run_config(run_config)
+    assert (config.dataset, config.partitioner, config.dirichlet_alpha, config.data_dir) == (
+        "fashion-mnist", "dirichlet", 0.1, "/data",
+    )
+    back = config.to_run_config()
+    assert back["dirichlet-alpha"] == 0.1 and "num-server-rounds" not in back
+    assert set(back) == {f.name.replace("_", "-") for f in dataclasses.fields(DataConfig)}
+    assert DataConfig.from_run_config(back) == config
+
+
+def test_registered_dataset_becomes_valid() -> None:
+    toy_images = dataset_builder("toy-images")  # registered by this folder's conftest
+    with pytest.raises(ConfigError):
+        DataConfig(dataset="later-dataset")
+    register_dataset("later-dataset", toy_images)
+    assert DataConfig(dataset="later-dataset").dataset == "later-dataset"
+    with pytest.raises(ValueError, match="already registered"):
+        register_dataset("later-dataset", toy_images)

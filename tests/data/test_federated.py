@@ -1,0 +1,124 @@
+"""The pipeline: config -> one client's ClientData, its caching, and describe_partition."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from flwr_pfl.data import ClientData, DataConfig, describe_partition, load_client_data
+from flwr_pfl.data.federated import prepare_pool
+from flwr_pfl.errors import ConfigError
+
+BASE = {"dataset": "toy-images", "val_fraction": 0.1, "test_fraction": 0.2}
+
+
+def config(**changes) -> DataConfig:
+    return DataConfig(**{**BASE, **changes})
+
+
+def test_client_data_shapes_sizes_and_cache() -> None:
+    data = load_client_data(config(), 3, 8)
+    assert isinstance(data, ClientData)
+    # 125 samples: test round(25) = 25, val round(12.5) = 13, train the other 87
+    assert (len(data.train), len(data.val), len(data.test)) == (87, 13, 25)
+    assert data.input_shape == (1, 8, 8) and data.num_classes == 10 and data.num_domains == 1
+    assert data.train.x.dtype == torch.float32 and data.train.y.dtype == torch.int64
+    assert load_client_data(config(), 3, 8) is data  # cached: cheap on every round
+
+
+def test_clients_are_disjoint_and_cover_the_pool() -> None:
+    seen = [describe_partition(config(), 8), describe_partition(config(), 8)]
+    assert [s.to_dict() for s in seen[0]] == [s.to_dict() for s in seen[1]]
+    assert sum(s.num_samples for s in seen[0]) == 1000
+    pool = prepare_pool(config()).pool
+    keys = set()
+    for k in range(8):
+        data = load_client_data(config(), k, 8)
+        for part in (data.train, data.val, data.test):
+            keys.update(map(bytes, (part.x * 0.25 + 0.5).mul(255).round().to(torch.uint8).numpy()))
+    assert len(keys) == len({bytes(row) for row in pool.x.numpy()})
+
+
+def test_describe_matches_the_client_data() -> None:
+    cfg = config(partitioner="dirichlet", dirichlet_alpha=0.3)
+    for summary in describe_partition(cfg, 5):
+        data = load_client_data(cfg, summary.partition_id, 5)
+        y = torch.cat([data.train.y, data.val.y, data.test.y])
+        assert list(summary.label_counts) == torch.bincount(y, minlength=10).tolist()
+        assert (summary.num_train, summary.num_val, summary.num_test) == (
+            len(data.train), len(data.val), len(data.test),
+        )
+        assert summary.to_dict()["num_samples"] == len(y)
+
+
+@pytest.mark.parametrize("bad", [-1, 4, 1.0, True])
+def test_partition_id_is_checked(bad: object) -> None:
+    with pytest.raises(ConfigError, match=r"partition_id must be an integer in \[0, 4\)"):
+        load_client_data(config(), bad, 4)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="num_partitions"):
+        load_client_data(config(), 0, 0)
+
+
+def test_rotation_domains_through_the_pipeline() -> None:
+    cfg = config(domain_transform="rotation", num_domains=4, rotation_step=90.0)
+    data = load_client_data(cfg, 0, 2)
+    assert data.num_domains == 4 and set(data.train.domain.tolist()) == {0, 1, 2, 3}
+    pool = prepare_pool(cfg).pool
+    base = (pool.x.float() / 255 - 0.5) / 0.25
+    for x, d in zip(data.train.x[:20], data.train.domain[:20]):
+        rotated_back = torch.rot90(x, -int(d), dims=(-2, -1))
+        assert (rotated_back - base).abs().flatten(1).max(1).values.min() < 1e-5
+
+
+def test_color_domains_give_three_channels() -> None:
+    data = load_client_data(config(domain_transform="color", num_domains=3), 1, 4)
+    assert data.input_shape == (3, 8, 8) and data.train.x.shape[1] == 3
+    summaries = describe_partition(config(domain_transform="color", num_domains=3), 4)
+    assert sum(sum(s.domain_counts) for s in summaries) == 1000
+
+
+def test_domain_mixture_clients_have_the_exact_size() -> None:
+    cfg = config(
+        domain_transform="corruption", num_domains=3, partitioner="domain-mixture",
+        samples_per_client=60, domain_alpha=0.5,
+    )
+    summaries = describe_partition(cfg, 6)
+    assert all(s.num_samples == 60 for s in summaries)
+    assert all(len(s.domain_counts) == 3 for s in summaries)
+
+
+def test_subsample_and_cap() -> None:
+    cfg = config(max_samples=300, samples_per_client=20)
+    pool = prepare_pool(cfg).pool
+    assert len(pool) == 300 and torch.bincount(pool.y).tolist() == [30] * 10
+    assert all(s.num_samples == 20 for s in describe_partition(cfg, 5))
+
+
+def test_seed_changes_the_clients() -> None:
+    a = load_client_data(config(seed=1), 0, 4).train.y
+    b = load_client_data(config(seed=2), 0, 4).train.y
+    assert not torch.equal(a, b)
+
+
+def test_regression_pools() -> None:
+    data = load_client_data(config(dataset="toy-regression"), 0, 3)
+    assert data.task == "regression" and data.input_shape == (5,) and data.num_outputs == 1
+    with pytest.raises(ConfigError, match="'partitioner' must not be 'dirichlet'"):
+        load_client_data(config(dataset="toy-regression", partitioner="dirichlet"), 0, 3)
+    with pytest.raises(ConfigError, match="not images"):
+        rotated = config(dataset="toy-regression", domain_transform="rotation", num_domains=2)
+        load_client_data(rotated, 0, 3)
+    assert describe_partition(config(dataset="toy-regression"), 3)[0].label_counts == ()
+
+
+def test_no_training_samples_left() -> None:
+    with pytest.raises(ConfigError, match="none left for training"):
+        load_client_data(config(val_fraction=0.45, test_fraction=0.5), 0, 100)  # 10 each
+
+
+def test_partitions_per_domain_are_consistent_with_labels() -> None:
+    cfg = config(domain_transform="rotation", num_domains=2, partitioner="one-domain-per-client")
+    for summary in describe_partition(cfg, 4):
+        assert summary.domain_counts[summary.partition_id % 2] == summary.num_samples
+    assert np.isclose(sum(s.num_samples for s in describe_partition(cfg, 4)), 1000)
