@@ -22,7 +22,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from flwr.common.config import get_fused_config_from_dir, parse_config_args
+from flwr.common.config import get_fused_config_from_dir
+
+from flwr_pfl.app.overrides import parse_overrides, to_toml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SAFE_ENV = {
@@ -82,13 +84,15 @@ def main(argv: list[str] | None = None) -> int:
     flwr_home = (args.flwr_home or app_dir / ".flwr").resolve()
     flwr_home.mkdir(parents=True, exist_ok=True)
     env = flwr_env(flwr_home, args.port)
-    overrides = parse_config_args(args.run_config)
+    overrides = parse_overrides(args.run_config)
     config = get_fused_config_from_dir(app_dir, overrides)
     num_clients = int(config["num-clients"])
     federation = f"num-supernodes={num_clients} client-resources-num-cpus={args.cpus} client-resources-num-gpus={args.gpus}"
     command = ["flwr", "run", str(app_dir), "--stream", "--federation-config", federation]
-    for item in args.run_config:
-        command += ["--run-config", item]
+    if overrides:
+        fused = flwr_home / "run-config.toml"
+        fused.write_text(to_toml(overrides))
+        command += ["--run-config", str(fused)]
     print(f"$ {' '.join(command)}", flush=True)
     try:
         code = subprocess.run(command, env=env, cwd=app_dir).returncode

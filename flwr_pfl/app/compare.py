@@ -1,0 +1,153 @@
+"""Compare algorithms in one command: the same data, model, budget and seeds for each.
+
+Every paper's claim is a comparison, so this runs a list of algorithms on one configuration
+(a preset plus overrides), optionally over several seeds, and writes one table and one plot::
+
+    python -m flwr_pfl.app.compare -c simulations/fmnist_label_skew.toml \\
+        --algorithms fedavg finetune fedrep fedper local --seeds 0 1 2 --out docs/results/fmnist
+
+Each run goes through the real strategies and clients, on the in-process grid (default: fast,
+no Ray) or on Flower's Ray simulation engine (``--engine ray``). Results: ``<out>/runs/<algo>-s<seed>/``
+(each run's usual files), ``<out>/comparison.json``, ``<out>/comparison.md`` (mean and standard
+deviation over seeds of the last round's figures; best round in brackets) and
+``<out>/comparison.png`` (learning curves).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from flwr_pfl.app.config import parse_experiment
+
+#: figures reported per algorithm (those a run produced)
+REPORTED = (
+    "accuracy_wmean", "accuracy_mean", "accuracy_min", "acc_domain_min", "acc_domain_mean",
+    "global_accuracy_wmean", "loss_wmean", "mse_wmean",
+)
+
+
+def run_one(run_config: dict[str, Any], engine: str) -> list[dict[str, Any]]:
+    """Run one configuration; return its evaluation rows (one per round)."""
+    experiment = parse_experiment(run_config)
+    if engine == "ray":
+        from flwr_pfl.app.simulation import run_ray_simulation
+
+        run_ray_simulation(run_config, experiment.run.num_clients)
+    else:
+        from flwr_pfl.app.client_app import app as client_app
+        from flwr_pfl.app.inprocess import run_inprocess
+        from flwr_pfl.app.server_app import app as server_app
+
+        run_inprocess(server_app, client_app, experiment.run.num_clients, run_config)
+    rows = json.loads((experiment.output_path() / "metrics.json").read_text())
+    return [r for r in rows if r["phase"] == "evaluate"]
+
+
+def summarize_runs(rows_by_seed: list[list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
+    """Mean and std over seeds of each reported figure in the last round, plus its best round."""
+    out: dict[str, dict[str, float]] = {}
+    for key in REPORTED:
+        last = [rows[-1][key] for rows in rows_by_seed if rows and rows[-1].get(key) is not None]
+        if not last:
+            continue
+        pick = min if key.startswith(("loss", "mse")) else max
+        best = [pick(r[key] for r in rows if r.get(key) is not None) for rows in rows_by_seed]
+        out[key] = {"mean": float(np.mean(last)), "std": float(np.std(last)), "best_mean": float(np.mean(best)), "n": len(last)}
+    return out
+
+
+def markdown(summary: dict[str, dict[str, dict[str, float]]]) -> str:
+    keys = [k for k in REPORTED if any(k in s for s in summary.values())]
+    lines = ["| algorithm | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+    for algorithm, figures in summary.items():
+        cells = []
+        for key in keys:
+            f = figures.get(key)
+            cells.append("" if f is None else f"{f['mean']:.4f} ± {f['std']:.4f} ({f['best_mean']:.4f})")
+        lines.append(f"| {algorithm} | " + " | ".join(cells) + " |")
+    seeds = max((f["n"] for s in summary.values() for f in s.values()), default=0)
+    lines.append("")
+    lines.append(f"Last round, mean ± std over {seeds} seed(s); best round's mean in brackets.")
+    return "\n".join(lines)
+
+
+def plot(curves: dict[str, list[list[dict[str, Any]]]], path: Path, key: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for algorithm, runs in curves.items():
+        runs = [r for r in runs if r and all(key in row for row in r)]
+        if not runs:
+            continue
+        length = min(len(r) for r in runs)
+        values = np.array([[row[key] for row in r[:length]] for r in runs])
+        rounds = [row["round"] for row in runs[0][:length]]
+        mean = values.mean(0)
+        ax.plot(rounds, mean, label=algorithm)
+        if len(runs) > 1:
+            ax.fill_between(rounds, mean - values.std(0), mean + values.std(0), alpha=0.15)
+    ax.set_xlabel("round")
+    ax.set_ylabel(key)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def compare(base_config: dict[str, Any], algorithms: list[str], seeds: list[int], out: Path, engine: str = "inprocess") -> dict[str, Any]:
+    """Run every (algorithm, seed) and write the comparison files; returns the summary."""
+    out = out.resolve()
+    curves: dict[str, list[list[dict[str, Any]]]] = {}
+    for algorithm in algorithms:
+        curves[algorithm] = []
+        for seed in seeds:
+            config = {**base_config, "algorithm": algorithm, "seed": seed,
+                      "output-dir": str(out / "runs"), "run-name": f"{algorithm}-s{seed}"}
+            curves[algorithm].append(run_one(config, engine))
+    summary = {algorithm: summarize_runs(runs) for algorithm, runs in curves.items()}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "comparison.json").write_text(json.dumps({"config": base_config, "seeds": seeds, "summary": summary}, indent=2))
+    (out / "comparison.md").write_text(markdown(summary) + "\n")
+    key = next((k for k in ("acc_domain_min", "accuracy_wmean", "mse_wmean", "loss_wmean")
+                if any(k in s for s in summary.values())), "loss_wmean")
+    plot(curves, out / "comparison.png", "accuracy_wmean" if any("accuracy_wmean" in s for s in summary.values()) else key)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    from flwr.common.config import get_fused_config_from_dir
+
+    from flwr_pfl.app.launch import REPO_ROOT
+    from flwr_pfl.app.overrides import parse_overrides
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-c", "--run-config", action="append", default=[], help="preset TOML or 'k=v' overrides; repeatable")
+    parser.add_argument("--algorithms", nargs="+", required=True)
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--engine", choices=("inprocess", "ray"), default="inprocess")
+    args = parser.parse_args(argv)
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    import torch
+
+    torch.set_num_threads(1)
+    base = get_fused_config_from_dir(REPO_ROOT, parse_overrides(args.run_config))
+    summary = compare(dict(base), args.algorithms, args.seeds, args.out, args.engine)
+    print(markdown(summary))
+    if any(math.isnan(f["mean"]) for s in summary.values() for f in s.values()):
+        raise SystemExit("some runs produced NaN figures")
+
+
+if __name__ == "__main__":
+    main()
