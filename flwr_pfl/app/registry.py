@@ -1,20 +1,23 @@
 """The one registry of algorithms: name -> strategy, client, options (DESIGN principle 4).
 
-Adding an algorithm touches its core, strategy and client modules, one ``register`` call here,
-its tests and its preset. Its options are a frozen dataclass whose fields are read from the
-run-config keys ``<name>.<field-name>`` (kebab-case), e.g. ``fedrep.head-epochs``.
+Adding an algorithm touches its core, strategy and client modules, one entry module in
+``flwr_pfl/app/entries/`` (its ``register`` call and options dataclass, listed in
+``ENTRY_MODULES`` below), its tests and its preset. Its options are a frozen dataclass whose
+fields are read from the run-config keys ``<name>.<field-name>`` (kebab-case), e.g.
+``fedrep.head-epochs``; every such key must also appear in pyproject.toml's
+``[tool.flwr.app.config]`` so that ``flwr run`` accepts overrides of it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
-from flwr_pfl.clients import FedAvgClient, FedPerClient, FedRepClient, FinetuneClient, LocalClient
+import importlib
+
 from flwr_pfl.clients.base import PFLClient
 from flwr_pfl.errors import ConfigError
-from flwr_pfl.strategies import FedAvg, FedPer, FedRep, Finetune, Local
 from flwr_pfl.strategies.base import PFLStrategy
 
 
@@ -67,50 +70,8 @@ def get_algorithm(name: str) -> AlgorithmSpec:
         raise ConfigError(f"algorithm={name!r} is unknown; allowed: {', '.join(sorted(ALGORITHMS))}") from None
 
 
-# ------------------------------------------------------------------------- baselines
-@dataclass(frozen=True)
-class FedRepOptions:
-    """FedRep: ``head_epochs`` epochs on the personal head before the body's local epochs
-    (Collins et al. use 10 head epochs and 1 body epoch for CIFAR; 5 is the suite's default)."""
+#: modules under flwr_pfl.app.entries that register algorithms when imported
+ENTRY_MODULES = ("baselines",)
 
-    head_epochs: int = 5
-
-    def __post_init__(self) -> None:
-        if self.head_epochs < 0:
-            raise ConfigError(f"fedrep.head-epochs must be >= 0, got {self.head_epochs}")
-
-
-@dataclass(frozen=True)
-class FinetuneOptions:
-    """FedAvg + fine-tuning: ``epochs`` of local fine-tuning before each evaluation."""
-
-    epochs: int = 1
-
-    def __post_init__(self) -> None:
-        if self.epochs < 0:
-            raise ConfigError(f"finetune.epochs must be >= 0, got {self.epochs}")
-
-
-register(AlgorithmSpec("fedavg", FedAvg, FedAvgClient, "FedAvg: one global model"))
-register(AlgorithmSpec("local", Local, LocalClient, "Local: each client alone, no communication"))
-register(
-    AlgorithmSpec(
-        "finetune",
-        Finetune,
-        FinetuneClient,
-        "FedAvg + local fine-tuning before evaluation",
-        options=FinetuneOptions,
-        client_kwargs=lambda o: {"finetune_epochs": o.epochs},
-    )
-)
-register(
-    AlgorithmSpec(
-        "fedrep",
-        FedRep,
-        FedRepClient,
-        "FedRep: shared body, personal head trained first",
-        options=FedRepOptions,
-        client_kwargs=asdict,
-    )
-)
-register(AlgorithmSpec("fedper", FedPer, FedPerClient, "FedPer: shared body, personal head trained jointly"))
+for _module in ENTRY_MODULES:
+    importlib.import_module(f"flwr_pfl.app.entries.{_module}")
