@@ -82,6 +82,7 @@ def train(
     domain_weights: torch.Tensor | None = None,
     regularizer: Regularizer | None = None,
     max_steps: int = 0,
+    after_step: Callable[[EncoderHeadModel, int], None] | None = None,
 ) -> TrainStats:
     """Train the parameter ``groups`` of ``model`` for ``epochs`` passes over ``loader``.
 
@@ -95,6 +96,8 @@ def train(
             the mean of the weighted per-sample losses.
         regularizer: added to every step's loss (e.g. a proximal term).
         max_steps: stop after this many optimizer steps (0 = no limit).
+        after_step: called as ``after_step(model, step)`` after every optimizer step (e.g. to
+            record per-step parameter updates, as FedGP's auto-weighting needs).
 
     Raises:
         FloatingPointError: the loss became NaN or Inf (the learning rate is usually too high);
@@ -126,6 +129,8 @@ def train(
                 opt.step()
                 steps += 1
                 loss_sum += float(loss.detach())
+                if after_step is not None:
+                    after_step(model, steps)
                 if max_steps and steps >= max_steps:
                     break
             if max_steps and steps >= max_steps:
@@ -217,3 +222,30 @@ def evaluate(
         per_domain_loss=loss_sum.tolist(),
         per_domain_correct=correct.tolist(),
     )
+
+
+@torch.no_grad()
+def collect_features(
+    model: EncoderHeadModel,
+    data: ArraySplit | DataLoader,
+    *,
+    device: torch.device,
+    batch_size: int = 512,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Encoder features phi(x), targets and domain labels of every sample, on ``device``.
+
+    Returns (features (N, feature_dim), y (N, ...), domain (N,)) in the data's order, with the
+    model in eval mode: the statistics algorithms compute from features (pFedFDA's class means
+    and covariance, FedDAR's head Hessians, FEDORA's subspaces) all start here.
+    """
+    model.to(device).eval()
+    loader = data.loader(batch_size, shuffle=False) if isinstance(data, ArraySplit) else data
+    feats, ys, ds = [], [], []
+    for batch in loader:
+        x, y, d = unpack_batch(batch, device)
+        feats.append(model.features(x))
+        ys.append(y)
+        ds.append(d)
+    if not feats:
+        raise ValueError("no samples to collect features from")
+    return torch.cat(feats), torch.cat(ys), torch.cat(ds)

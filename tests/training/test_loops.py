@@ -468,3 +468,19 @@ def test_make_optimizer():
     assert isinstance(adam, torch.optim.Adam)
     assert adam.param_groups[0]["lr"] == 0.003 and adam.param_groups[0]["weight_decay"] == 0.1
     assert adam.param_groups[0]["params"][0] is params[0]
+
+
+def test_after_step_sees_every_step_and_collect_features_matches_the_encoder():
+    from flwr_pfl.data.types import ArraySplit
+    from flwr_pfl.models import build_model
+    from flwr_pfl.training import OptimizerConfig, collect_features, train
+
+    torch.manual_seed(0)
+    model = build_model("mlp", (4,), 3)
+    split = ArraySplit(torch.randn(40, 4), torch.randint(0, 3, (40,)), torch.zeros(40, dtype=torch.long))
+    steps: list[int] = []
+    train(model, split.loader(8, shuffle=False), optimizer=OptimizerConfig(learning_rate=0.1),
+          device=torch.device("cpu"), epochs=2, after_step=lambda m, k: steps.append(k))
+    assert steps == list(range(1, 11))
+    z, y, d = collect_features(model, split, device=torch.device("cpu"), batch_size=7)
+    assert torch.allclose(z, model.eval().features(split.x)) and torch.equal(y, split.y) and torch.equal(d, split.domain)
