@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from flwr_pfl.data.types import Task
+from flwr_pfl.data.types import Task, check_aligned
 
 if TYPE_CHECKING:
     from flwr_pfl.data.config import DataConfig
@@ -57,12 +57,7 @@ class DatasetPool:
     std: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        n = self.x.shape[0]
-        if self.y.shape[0] != n or self.domain.shape[0] != n:
-            raise ValueError(
-                f"x, y and domain must have the same number of samples; got {n}, "
-                f"{self.y.shape[0]} and {self.domain.shape[0]}"
-            )
+        check_aligned(self.x, self.y, self.domain)
         if (self.mean is None) != (self.std is None):
             raise ValueError("mean and std must be given together")
 

@@ -16,6 +16,16 @@ from torch.utils.data import DataLoader, TensorDataset
 Task = Literal["classification", "regression"]
 
 
+def check_aligned(x: torch.Tensor, y: torch.Tensor, domain: torch.Tensor) -> None:
+    """Raise ValueError unless inputs, targets and domain labels have one entry per sample."""
+    n = x.shape[0]
+    if y.shape[0] != n or domain.shape[0] != n:
+        raise ValueError(
+            f"x, y and domain must have the same number of samples; got {n}, "
+            f"{y.shape[0]} and {domain.shape[0]}"
+        )
+
+
 @dataclass(frozen=True)
 class ArraySplit:
     """One split (train, validation or test) of one client.
@@ -32,12 +42,7 @@ class ArraySplit:
     domain: torch.Tensor
 
     def __post_init__(self) -> None:
-        n = self.x.shape[0]
-        if self.y.shape[0] != n or self.domain.shape[0] != n:
-            raise ValueError(
-                f"x, y and domain must have the same number of samples; got {n}, "
-                f"{self.y.shape[0]} and {self.domain.shape[0]}"
-            )
+        check_aligned(self.x, self.y, self.domain)
 
     def __len__(self) -> int:
         return int(self.x.shape[0])
