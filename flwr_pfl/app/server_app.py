@@ -23,7 +23,7 @@ def build_strategy(experiment: Experiment, writer: ResultsWriter | None = None) 
     """The registered strategy for ``experiment``, wired to ``writer``."""
     run = experiment.run
     spec = experiment.algorithm
-    return spec.strategy(
+    strategy = spec.strategy(
         num_clients=run.num_clients,
         fraction_fit=run.fraction_fit,
         fraction_evaluate=run.fraction_evaluate,
@@ -31,6 +31,8 @@ def build_strategy(experiment: Experiment, writer: ResultsWriter | None = None) 
         wait_timeout=run.wait_timeout,
         **spec.strategy_kwargs(experiment.options),
     )
+    strategy.num_rounds = run.num_server_rounds
+    return strategy
 
 
 def load_checkpoint(strategy: PFLStrategy, path: Path) -> int:

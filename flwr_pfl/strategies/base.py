@@ -58,6 +58,9 @@ class PFLStrategy(FedAvg):
     """
 
     name = "fedavg"
+    #: the run's total number of rounds (0: unknown); the app sets it after building the
+    #: strategy, for algorithms that treat the last round differently (pFedFDA: all clients)
+    num_rounds: int = 0
 
     def __init__(
         self,
@@ -97,6 +100,10 @@ class PFLStrategy(FedAvg):
 
     # ---------------------------------------------------------------- sampling and instructions
     def _sample(self, client_manager: ClientManager, fraction: float, min_clients: int) -> list[ClientProxy]:
+        if client_manager.num_available() < self.num_clients:
+            log(INFO, "waiting up to %.0f s for num-clients=%d clients (%d connected); in simulation "
+                "the federation's num-supernodes must equal num-clients",
+                self.wait_timeout, self.num_clients, client_manager.num_available())
         if not client_manager.wait_for(self.num_clients, timeout=int(self.wait_timeout)):
             raise RuntimeError(
                 f"only {client_manager.num_available()} of num-clients={self.num_clients} clients "
