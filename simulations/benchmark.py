@@ -14,6 +14,7 @@ noisy, so only ratios within one run are comparable). FedAvg's round time is als
 ratio against the floor.
 
     python simulations/benchmark.py --data-dir DIR [--algorithms fedavg fedrep ...] [--out docs/benchmark]
+        [-c "fmtl.t1-rounds=1"]
 
 Writes ``benchmark.json`` and ``benchmark.md`` to ``--out``.
 """
@@ -33,6 +34,7 @@ import torch
 from flwr_pfl.app.client_app import app as client_app
 from flwr_pfl.app.config import parse_experiment
 from flwr_pfl.app.inprocess import run_inprocess
+from flwr_pfl.app.overrides import parse_overrides
 from flwr_pfl.app.server_app import app as server_app
 from flwr_pfl.core.aggregation import weighted_average
 from flwr_pfl.data.federated import load_client_data
@@ -77,7 +79,7 @@ def workload(args: argparse.Namespace, algorithm: str) -> dict[str, Any]:
         "device": args.device,
         "output-dir": str(args.out / "runs"),
         "run-name": algorithm,
-    }
+    } | args.overrides
 
 
 def measure_algorithm(args: argparse.Namespace, algorithm: str) -> dict[str, float]:
@@ -171,7 +173,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--samples", type=int, default=6000, help="pool size shared by the clients")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("-c", "--run-config", action="append", default=[],
+                        help="further run-config overrides for every algorithm ('k=v' or a TOML file), e.g. algorithm options")
     args = parser.parse_args(argv)
+    args.overrides = parse_overrides(args.run_config)
     args.out = args.out.resolve()
     args.data_dir = args.data_dir.resolve()
     torch.set_num_threads(args.threads)
@@ -184,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     results = {name: measure_algorithm(args, name) for name in args.algorithms}
     floor = measure_floor(args)
     report = {
-        "workload": {k: v for k, v in vars(args).items() if k not in ("out", "data_dir")},
+        "workload": {k: v for k, v in vars(args).items() if k not in ("out", "data_dir", "run_config")},
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "torch": torch.__version__,
                     "threads": torch.get_num_threads(), "device": args.device},
         "results": results,
