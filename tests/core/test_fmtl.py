@@ -867,3 +867,25 @@ def test_fedavg_one_step_equals_closed_form() -> None:
 def test_estimator_table_is_consistent() -> None:
     assert set(ESTIMATORS) == {"orig", "aug_uniform", "aug_eq12"}
     assert ESTIMATORS["orig"].augmentation is Augmentation.ORIGINAL
+
+
+@pytest.mark.parametrize(
+    ("head_loss", "augmentation", "real"),
+    [("ce", "augmented", False), ("mse", "augmented", True), ("mse", "original", True),
+     ("mse_onehot", "augmented", False), ("mse_onehot", "original", False),
+     ("bce_ovr", "augmented", False), ("bce_ovr", "original", False)],
+)
+def test_per_sample_loss_averages_to_head_loss(head_loss: str, augmentation: str, real: bool) -> None:
+    from flwr_pfl.core.fmtl import fmtl_per_sample_loss
+
+    g = torch.Generator().manual_seed(3)
+    out = torch.randn(7, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    t = torch.tensor([0, 1, 1, 3, 0, 0, 1])
+    y = torch.randn(7, generator=g, dtype=torch.float64) if real else None
+    per = fmtl_per_sample_loss(out, t, y, head_loss=head_loss, augmentation=augmentation)
+    assert per.shape == (7,)
+    whole = fmtl_head_loss(out, t, y, head_loss=head_loss, augmentation=augmentation)
+    torch.testing.assert_close(per.mean(), whole)
+    g1 = torch.autograd.grad(per.mean(), out)[0]
+    g2 = torch.autograd.grad(whole, out)[0]
+    torch.testing.assert_close(g1, g2)
