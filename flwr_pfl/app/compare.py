@@ -105,6 +105,14 @@ def plot(curves: dict[str, list[list[dict[str, Any]]]], path: Path, key: str) ->
     plt.close(fig)
 
 
+def _home_relative(value: Any) -> Any:
+    """Paths under the home directory written as ``~/...``, so result files travel."""
+    home = str(Path.home())
+    if isinstance(value, str) and value.startswith(home + "/"):
+        return "~" + value[len(home):]
+    return value
+
+
 def compare(base_config: dict[str, Any], algorithms: list[str], seeds: list[int], out: Path, engine: str = "inprocess") -> dict[str, Any]:
     """Run every (algorithm, seed) and write the comparison files; returns the summary."""
     out = out.resolve()
@@ -117,7 +125,8 @@ def compare(base_config: dict[str, Any], algorithms: list[str], seeds: list[int]
             curves[algorithm].append(run_one(config, engine))
     summary = {algorithm: summarize_runs(runs) for algorithm, runs in curves.items()}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "comparison.json").write_text(json.dumps({"config": base_config, "seeds": seeds, "summary": summary}, indent=2))
+    shareable = {k: _home_relative(v) for k, v in base_config.items()}
+    (out / "comparison.json").write_text(json.dumps({"config": shareable, "seeds": seeds, "summary": summary}, indent=2))
     (out / "comparison.md").write_text(markdown(summary) + "\n")
     key = next((k for k in ("acc_domain_min", "accuracy_wmean", "mse_wmean", "loss_wmean")
                 if any(k in s for s in summary.values())), "loss_wmean")

@@ -29,7 +29,8 @@ class ResultsWriter:
         directory: the run's output directory (created).
         config: the resolved configuration (written at once).
         state_fn: returns the server state to checkpoint after every evaluation round
-            (``{"global_arrays": [...], ...}``); None writes no checkpoint.
+            (``{"global_arrays": [...], "arrays": {name: array}, ...}``; the optional ``arrays``
+            are stored as ``state_<name>``); None writes no checkpoint.
     """
 
     def __init__(
@@ -71,6 +72,8 @@ class ResultsWriter:
     def _write_checkpoint(self, server_round: int) -> None:
         state = self.state_fn()  # type: ignore[misc]
         arrays = {f"global_{i}": a for i, a in enumerate(state.get("global_arrays", []))}
+        # further named arrays of the strategy's state (e.g. per-client buffers) as state_<name>
+        arrays |= {f"state_{k}": np.asarray(v) for k, v in state.get("arrays", {}).items()}
         np.savez(self.directory / "checkpoint.npz", rounds_done=np.array(server_round), **arrays)
 
     # ------------------------------------------------------------------ end of run

@@ -40,7 +40,8 @@ def load_checkpoint(strategy: PFLStrategy, path: Path) -> int:
     with np.load(path) as ckpt:
         rounds_done = int(ckpt["rounds_done"])
         arrays = [ckpt[f"global_{i}"] for i in range(sum(k.startswith("global_") for k in ckpt.files))]
-    strategy.load_state_dict({"global_arrays": arrays}, rounds_done)
+        extra = {k[len("state_"):]: ckpt[k] for k in ckpt.files if k.startswith("state_")}
+    strategy.load_state_dict({"global_arrays": arrays, "arrays": extra}, rounds_done)
     return rounds_done
 
 

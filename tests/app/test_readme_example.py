@@ -27,6 +27,8 @@ def test_readme_example_runs_and_personalizes(monkeypatch):
     for context in grid.contexts.values():
         assert "personal" in context.state  # FedRep's head stayed on each client
     evaluations = [m for _, phase, m in seen if phase == "evaluate"]
-    assert len(evaluations) == 3
+    assert len(evaluations) == 5
     # Each client labels inputs its own way (chance 0.25); personal heads learn each labelling.
-    assert evaluations[-1]["accuracy_min"] > 0.5
+    # Measured: worst client 0.32 -> 0.58 and weighted mean 0.36 -> 0.62 over the five rounds.
+    assert evaluations[-1]["accuracy_min"] > 0.45
+    assert evaluations[-1]["accuracy_wmean"] > evaluations[0]["accuracy_wmean"] + 0.15
