@@ -132,14 +132,14 @@ class Experiment:
     def to_dict(self) -> dict[str, Any]:
         """The resolved configuration as flat run-config keys (written with every run)."""
         out = flat_dict(self.run) | flat_dict(self.data)
-        return out | flat_dict(self.options, f"{self.run.algorithm}.")
+        return out | flat_dict(self.options, self.algorithm.section)
 
 
 def known_keys() -> set[str]:
     """Every run-config key the app understands."""
     keys = set(keys_of(RunConfig)) | set(keys_of(DataConfig))
     for spec in ALGORITHMS.values():
-        keys |= set(keys_of(spec.options, f"{spec.name}."))
+        keys |= set(keys_of(spec.options, spec.section))
     return keys
 
 
@@ -160,5 +160,5 @@ def parse_experiment(raw: Mapping[str, Any]) -> Experiment:
     data = parse_section(DataConfig, raw)
     # Every algorithm's options are checked, not only the chosen one's: a preset that sets
     # another algorithm's option wrongly fails now rather than when someone switches to it.
-    options = {name: parse_section(spec.options, raw, f"{name}.") for name, spec in ALGORITHMS.items()}
+    options = {name: parse_section(spec.options, raw, spec.section) for name, spec in ALGORITHMS.items()}
     return Experiment(run=run, data=data, options=options[run.algorithm])

@@ -39,6 +39,9 @@ class AlgorithmSpec:
         options: dataclass of the algorithm's own options (keys ``<name>.<field>``).
         summary: one line for listings and errors.
         num_heads: heads the model needs, from (options, number of domains); default 1.
+        options_prefix: the run-config section of ``options`` (keys ``<options_prefix>.<field>``);
+            empty means ``name``. Variants of one algorithm registered under several names
+            (e.g. ``feddar-sa`` and ``feddar-wa``) share one section this way.
     """
 
     name: str
@@ -49,6 +52,12 @@ class AlgorithmSpec:
     client_kwargs: Callable[[Any], dict[str, Any]] = field(default=lambda options: {})
     strategy_kwargs: Callable[[Any], dict[str, Any]] = field(default=lambda options: {})
     num_heads: Callable[[Any, int], int] = field(default=lambda options, num_domains: 1)
+    options_prefix: str = ""
+
+    @property
+    def section(self) -> str:
+        """The run-config key prefix of this algorithm's options, with its trailing dot."""
+        return f"{self.options_prefix or self.name}."
 
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {}
@@ -71,7 +80,7 @@ def get_algorithm(name: str) -> AlgorithmSpec:
 
 
 #: modules under flwr_pfl.app.entries that register algorithms when imported
-ENTRY_MODULES = ("baselines",)
+ENTRY_MODULES = ("baselines", "pfedfda", "fmtl", "fedgp", "feddar", "fedora")
 
 for _module in ENTRY_MODULES:
     importlib.import_module(f"flwr_pfl.app.entries.{_module}")

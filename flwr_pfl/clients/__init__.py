@@ -2,10 +2,16 @@
 
 from flwr_pfl.clients.base import LocalData, PFLClient, TrainConfig
 from flwr_pfl.clients.fedavg import FedAvgClient, FinetuneClient
+from flwr_pfl.clients.fedgp import FedGPClient
+from flwr_pfl.clients.fmtl import FedFMTLClient
 from flwr_pfl.clients.fedrep import FedPerClient, FedRepClient
 from flwr_pfl.clients.local import LocalClient
+from flwr_pfl.clients.pfedfda import PFedFDAClient
+from flwr_pfl.clients.feddar import FedDARClient, ReweightedFedAvgClient, SeparateFedAvgClient
+from flwr_pfl.clients.fedora import FEDORAClient
 
 __all__ = [
-    "FedAvgClient", "FedPerClient", "FedRepClient", "FinetuneClient", "LocalClient", "LocalData",
+    "FedGPClient",
+    "FedAvgClient", "FedFMTLClient", "FedPerClient", "FedRepClient", "FinetuneClient", "LocalClient", "LocalData", "PFedFDAClient",
     "PFLClient", "TrainConfig",
 ]

@@ -1,6 +1,11 @@
 """Flower Strategies: one per algorithm and baseline."""
 
 from flwr_pfl.strategies.base import PFLStrategy
+from flwr_pfl.strategies.fedgp import FedDA, FedGP, SourceOnly, TargetOnly
+from flwr_pfl.strategies.fmtl import FedFMTL
 from flwr_pfl.strategies.baselines import FedAvg, FedPer, FedRep, Finetune, Local
+from flwr_pfl.strategies.pfedfda import PFedFDA
+from flwr_pfl.strategies.feddar import FedAvgMultiHead, FedDAR, ReweightedFedAvg, SeparateFedAvg
+from flwr_pfl.strategies.fedora import FEDORA
 
-__all__ = ["FedAvg", "FedPer", "FedRep", "Finetune", "Local", "PFLStrategy"]
+__all__ = ["FedDA", "FedGP", "SourceOnly", "TargetOnly", "FedAvg", "FedFMTL", "FedPer", "FedRep", "Finetune", "Local", "PFedFDA", "PFLStrategy"]

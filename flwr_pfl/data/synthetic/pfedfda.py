@@ -173,6 +173,7 @@ def affine_shift_federation(
     shift_scale: float = 2.0,
     train_fraction: float = 0.8,
     seed: int = 0,
+    shifted_clients: tuple[int, ...] | None = None,
 ) -> FederatedSplits:
     """A federation with label skew and covariate shift on raw inputs.
 
@@ -184,13 +185,19 @@ def affine_shift_federation(
     ``train_fraction`` / rest into train / test after shuffling.
 
     The defaults (48 training rows per client, shift_scale 2) are the setting of the spec's
-    tiny end-to-end check (T7): M = 10, C = 4, m = 20, Dir(0.5).
+    tiny end-to-end check (T7): M = 10, C = 4, m = 20, Dir(0.5). ``shifted_clients`` names the
+    shifted clients instead (e.g. a minority, as when most clients share the clean domain).
     """
     if not 0 < train_fraction < 1:
         raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction}")
     rng = np.random.default_rng(seed)
     class_means = class_separation * rng.standard_normal((num_classes, input_dim)) / np.sqrt(input_dim)
-    shifted = np.arange(num_clients) % 2 == 1
+    if shifted_clients is None:
+        shifted = np.arange(num_clients) % 2 == 1
+    else:
+        if any(not 0 <= i < num_clients for i in shifted_clients):
+            raise ValueError(f"shifted_clients must lie in [0, {num_clients}), got {shifted_clients}")
+        shifted = np.isin(np.arange(num_clients), shifted_clients)
     out: dict[str, list[np.ndarray]] = {"train_x": [], "train_y": [], "test_x": [], "test_y": []}
     for i in range(num_clients):
         proportions = rng.dirichlet(alpha * np.ones(num_classes))

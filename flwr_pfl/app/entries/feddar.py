@@ -1,0 +1,158 @@
+"""Registry entries of FedDAR (feddar, feddar-sa, feddar-wa) and the paper's baselines that need
+their own server logic (separate-fedavg, fedavg-rw, fedavg-mh); plain FedAvg without
+re-weighting is the suite's ``fedavg``. Also registers the dataset ``feddar-synthetic``.
+
+``feddar``, ``feddar-sa`` and ``feddar-wa`` share one option section, ``feddar.<option>``;
+``feddar-sa`` / ``feddar-wa`` fix the head aggregation, ``feddar`` reads ``feddar.aggregation``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flwr_pfl.app.registry import AlgorithmSpec, register
+from flwr_pfl.clients.feddar import FedDARClient, ReweightedFedAvgClient, SeparateFedAvgClient
+from flwr_pfl.core import feddar as core
+from flwr_pfl.data.synthetic.feddar import register_feddar_synthetic
+from flwr_pfl.errors import ConfigError
+from flwr_pfl.strategies.feddar import FedAvgMultiHead, FedDAR, ReweightedFedAvg, SeparateFedAvg
+
+register_feddar_synthetic()
+
+
+def _choice(field: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"feddar.{field}={value!r} is not allowed; allowed: {', '.join(allowed)}")
+
+
+@dataclass(frozen=True)
+class FedDAROptions:
+    """FedDAR's options (run-config keys ``feddar.<option>``). Where the paper is silent the
+    default is the specification's recommendation (its section 9), named here.
+
+    Attributes:
+        aggregation: head aggregation of ``algorithm="feddar"``: ``sa`` (Eq. 8, default) or ``wa``.
+        head_epochs: tau_h, local epochs on the heads per round (default 5, the EXAM/FairFace value).
+        rep_epochs: tau_phi, local epochs on the encoder per round (default 1, the EXAM value).
+        head_solver: ``gd`` (default: tau_h epochs of the run's optimizer, Algorithm 1) or
+            ``lstsq`` (exact local least-squares minimiser nearest to the global head, the
+            tau_h -> infinity limit; squared loss only; the Fig. 1 setting).
+        head_lr_scale: head-phase learning rate = ``learning-rate`` x this (default 1).
+        lr_decay_round: from this round on (counting warmup) every learning rate is multiplied
+            by ``lr_decay_factor`` (FairFace: 60 and 0.1); 0 (default) = constant.
+        lr_decay_factor: see above (default 0.1).
+        warmup_rounds: FedAvg + multi-head rounds (re-weighted loss, encoder and all heads)
+            before FedDAR starts, counted in ``num-server-rounds`` (default 0, the EXAM value;
+            FairFace 20, Digits 10); warmup_epochs: their local epochs (default 1).
+        reweight: u_m = L / (L_m M) re-weighting of the encoder loss, Eq. 6 (default true).
+        hessian_at: where SA's Hessian is evaluated: ``local`` (default, Algorithm 1) or
+            ``global`` (the round-start head, Eq. 8's derivation); equal for squared loss.
+        sa_weighting: SA client weights: ``domain_count`` (default, alpha_{i,m} = L_{i,m} with
+            mean Hessians; SA = pooled least squares) or ``client_count`` (Eq. 7's alpha_i = L_i).
+        sa_solver: ``damped`` (default: (A + lam I)^{-1}(b + lam w_prev), lam = sa_damping x
+            trace(A)/P), ``pinv`` (pseudo-inverse, nearest to w_prev) or ``exact`` (Eq. 8 as
+            written; a singular system keeps the previous heads for that round, with a warning).
+        sa_damping: relative damping of ``damped`` (default 1e-6; 0 = the paper's Eq. 8).
+        sa_fallback_to_wa: use WA for a domain whose cond(A) exceeds ``sa_cond_threshold``
+            (default false).
+        sa_cond_threshold: condition-number limit (default 1e12).
+        cache_features: compute the frozen encoder's features once per head phase, in eval mode,
+            and train the heads on them (default true; exact without data augmentation).
+        max_hessian_params: refuse SA heads with more parameters than this (P = N (k + bias);
+            default 4096, spec 8.5): use a small ``feature-dim``.
+    The head loss follows the task: squared error for regression, softmax cross-entropy
+    (multi-class Hessian, spec 3.4) for classification.
+    """
+
+    aggregation: str = "sa"
+    head_epochs: int = 5
+    rep_epochs: int = 1
+    head_solver: str = "gd"
+    head_lr_scale: float = 1.0
+    lr_decay_round: int = 0
+    lr_decay_factor: float = 0.1
+    warmup_rounds: int = 0
+    warmup_epochs: int = 1
+    reweight: bool = True
+    hessian_at: str = "local"
+    sa_weighting: str = "domain_count"
+    sa_solver: str = "damped"
+    sa_damping: float = 1e-6
+    sa_fallback_to_wa: bool = False
+    sa_cond_threshold: float = 1e12
+    cache_features: bool = True
+    max_hessian_params: int = 4096
+
+    def __post_init__(self) -> None:
+        _choice("aggregation", self.aggregation, tuple(a.value for a in core.HeadAggregation))
+        _choice("head-solver", self.head_solver, ("gd", "lstsq"))
+        _choice("hessian-at", self.hessian_at, tuple(a.value for a in core.HessianAt))
+        _choice("sa-weighting", self.sa_weighting, tuple(a.value for a in core.SAWeighting))
+        _choice("sa-solver", self.sa_solver, tuple(a.value for a in core.SASolver))
+        for field, value, low in (
+            ("head-epochs", self.head_epochs, 0), ("rep-epochs", self.rep_epochs, 0),
+            ("lr-decay-round", self.lr_decay_round, 0), ("warmup-rounds", self.warmup_rounds, 0),
+            ("warmup-epochs", self.warmup_epochs, 0), ("max-hessian-params", self.max_hessian_params, 1),
+        ):
+            if value < low:
+                raise ConfigError(f"feddar.{field}={value} is out of range; must be an integer >= {low}")
+        for field, value in (("head-lr-scale", self.head_lr_scale), ("lr-decay-factor", self.lr_decay_factor)):
+            if not value > 0:
+                raise ConfigError(f"feddar.{field}={value} must be > 0")
+        if not self.sa_damping >= 0:
+            raise ConfigError(f"feddar.sa-damping={self.sa_damping} must be >= 0")
+        if not self.sa_cond_threshold > 1:
+            raise ConfigError(f"feddar.sa-cond-threshold={self.sa_cond_threshold} must be > 1")
+
+    def sa_options(self) -> core.SAOptions:
+        return core.SAOptions(self.sa_weighting, self.sa_solver, self.sa_damping, self.sa_fallback_to_wa, self.sa_cond_threshold)
+
+    def strategy_kwargs(self, aggregation: str | None = None) -> dict:
+        return {
+            "aggregation": aggregation or self.aggregation,
+            "head_epochs": self.head_epochs,
+            "rep_epochs": self.rep_epochs,
+            "warmup_rounds": self.warmup_rounds,
+            "warmup_epochs": self.warmup_epochs,
+            "head_solver": self.head_solver,
+            "head_lr_scale": self.head_lr_scale,
+            "lr_decay_round": self.lr_decay_round,
+            "lr_decay_factor": self.lr_decay_factor,
+            "hessian_at": self.hessian_at,
+            "sa_options": self.sa_options(),
+            "cache_features": self.cache_features,
+            "max_hessian_params": self.max_hessian_params,
+            "reweight": self.reweight,
+        }
+
+
+def _per_domain(options, num_domains: int) -> int:
+    return num_domains
+
+
+for _name, _aggregation, _summary in (
+    ("feddar", None, "FedDAR: shared encoder, one head per domain, WA/SA head aggregation (feddar.aggregation)"),
+    ("feddar-sa", "sa", "FedDAR-SA: domain heads aggregated second-order (Eq. 8), re-weighted encoder"),
+    ("feddar-wa", "wa", "FedDAR-WA: domain heads aggregated by count-weighted averaging, re-weighted encoder"),
+):
+    register(
+        AlgorithmSpec(
+            _name,
+            FedDAR,
+            FedDARClient,
+            _summary,
+            options=FedDAROptions,
+            strategy_kwargs=(lambda o, a=_aggregation: o.strategy_kwargs(a)),
+            num_heads=_per_domain,
+            options_prefix="feddar",
+        )
+    )
+register(AlgorithmSpec("separate-fedavg", SeparateFedAvg, SeparateFedAvgClient, "Separate FedAvg: one FedAvg model per domain"))
+register(AlgorithmSpec("fedavg-rw", ReweightedFedAvg, ReweightedFedAvgClient, "FedAvg w/ RW: one model, u_m re-weighted loss"))
+register(
+    AlgorithmSpec(
+        "fedavg-mh", FedAvgMultiHead, ReweightedFedAvgClient,
+        "FedAvg + multi-head: one head per domain, trained jointly, re-weighted loss",
+        num_heads=_per_domain,
+    )
+)

@@ -1,0 +1,275 @@
+"""FedDAR (Zhong et al., ICLR 2023) and its baselines as Flower NumPyClients: unpack, train, pack.
+
+The wire layout is documented in :mod:`flwr_pfl.strategies.feddar`. Clients keep nothing across
+rounds (FedDAR re-sends the whole model every phase, spec 8.3); the per-domain counts L_{i,m} are
+recomputed from the local data whenever they are needed. Training always goes through the shared
+loop (:func:`flwr_pfl.training.train`); head statistics and local least squares come from
+:mod:`flwr_pfl.core.feddar`.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Subset, TensorDataset
+
+from flwr_pfl.clients.base import Config, NDArrays, PFLClient
+from flwr_pfl.core import feddar as core
+from flwr_pfl.data.types import Task
+from flwr_pfl.models.base import EncoderHeadModel
+from flwr_pfl.strategies.feddar import COUNTS_QUERY, PHASE_KEY, QUERY_KEY
+from flwr_pfl.training import EvalResult, collect_features, evaluate, get_arrays, seed_everything, set_arrays, train
+from flwr_pfl.training.loops import LossFn, supervised_loss, unpack_batch
+
+
+def domain_mean_loss(task: Task, num_domains: int) -> LossFn:
+    """Per-sample loss whose batch mean is the head-phase objective sum_m R_{i,m} (Algorithm 1
+    head step, spec 9.6): sample j's loss is scaled by |B| / |B_{z_j}|, so each domain present in
+    the batch contributes its own mean loss, with no u_m re-weighting."""
+    base = supervised_loss(task)
+
+    def loss(model: EncoderHeadModel, x: torch.Tensor, y: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        per_sample = base(model, x, y, d)
+        counts = torch.bincount(d, minlength=num_domains).to(per_sample.dtype)
+        return per_sample * (len(d) / counts[d])
+
+    return loss
+
+
+@torch.no_grad()
+def with_auc(model: nn.Module, result: EvalResult, data, device: torch.device) -> EvalResult:
+    """Add binary AUC to ``result`` for two-class tasks: ``auc`` on the client's test split (its
+    across-client mean is the paper's "Client Avg") and ``auc_dom<m>`` per domain present with
+    both classes (client-level; summarised across clients, not pooled)."""
+    if data.task != "classification" or getattr(model, "num_outputs", 0) != 2:
+        return result
+    model.to(device).eval()
+    scores, labels, domains = [], [], []
+    for batch in data.test:
+        x, y, d = unpack_batch(batch, device)
+        scores.append(torch.softmax(model(x, d), -1)[:, 1].cpu())
+        labels.append(y.cpu())
+        domains.append(d.cpu())
+    s, y, d = torch.cat(scores).numpy(), torch.cat(labels).numpy(), torch.cat(domains).numpy()
+    extra = {"auc": core.binary_auc(s, y)}
+    for m in np.unique(d):
+        auc = core.binary_auc(s[d == m], y[d == m])
+        if np.isfinite(auc):
+            extra[f"auc_dom{int(m)}"] = auc
+    result.extra = {**result.extra, **{k: v for k, v in extra.items() if np.isfinite(v)}}
+    return result
+
+
+class DomainAwareClient(PFLClient):
+    """Base of the clients whose server needs their per-domain counts L_{i,m}.
+
+    Answers the strategy's ``get_properties`` count query and checks that every local domain
+    label lies in [0, M) (a label outside raises ValueError naming the client, so its reply counts
+    as a failure instead of reaching an aggregate).
+    """
+
+    @property
+    def num_domains(self) -> int:
+        return self.data.num_domains
+
+    def train_domains(self) -> torch.Tensor:
+        """Domain labels of the local training samples (0 for plain (x, y) data)."""
+        dataset = self.data.train.dataset
+        if isinstance(dataset, TensorDataset):
+            tensors = dataset.tensors
+            return tensors[2] if len(tensors) == 3 else torch.zeros(len(tensors[0]), dtype=torch.long)
+        labels = [dataset[i][2] if len(dataset[i]) == 3 else 0 for i in range(len(dataset))]  # type: ignore[arg-type]
+        return torch.as_tensor(labels, dtype=torch.long)
+
+    def domain_counts(self) -> np.ndarray:
+        """L_{i,m} of the training split, shape (M,), int64; ValueError for labels outside [0, M)."""
+        try:
+            return core.domain_counts(self.train_domains(), self.num_domains).numpy()
+        except ValueError as err:
+            raise ValueError(f"client partition {self.partition_id}: {err}") from None
+
+    def local_evaluate(self, config: Config) -> EvalResult:
+        return with_auc(self.model, super().local_evaluate(config), self.data, self.device)
+
+    def get_properties(self, config: Config) -> dict[str, bool | bytes | float | int | str]:
+        if config.get(QUERY_KEY) != COUNTS_QUERY:
+            return {}
+        counts = self.domain_counts()
+        return {
+            "partition_id": self.partition_id,
+            "num_domains": self.num_domains,
+            "num_outputs": int(self.model.num_outputs),
+            "feature_dim": int(self.model.feature_dim),
+            "head_bias": self.model.heads[0].bias is not None,
+            **{f"n_d{m}": int(n) for m, n in enumerate(counts)},
+        }
+
+
+class ReweightedFedAvgClient(DomainAwareClient):
+    """FedAvg (w/ RW) and FedAvg + multi-head: the whole model trained for ``local-epochs`` on the
+    u-re-weighted loss (1/|B|) sum_j u_{z_j} l_j (Eq. 6); the received ``[u]`` is the last array."""
+
+    def fit(self, parameters: NDArrays, config: Config) -> tuple[NDArrays, int, Config]:
+        self.domain_counts()  # stops on bad domain labels
+        self._u = torch.as_tensor(parameters[-1], dtype=torch.float32)
+        return super().fit(parameters[:-1], config)
+
+    def local_update(self, config: Config) -> dict[str, float]:
+        stats = self.train_groups(("all",), self.train_config.local_epochs, domain_weights=self._u)
+        return {"train_loss": stats.loss, "train_seconds": stats.seconds}
+
+
+class FedDARClient(DomainAwareClient):
+    """FedDAR's client (Algorithm 1): answers the head phase, the representation phase and the
+    warmup, as the fit config's ``feddar-phase`` says.
+
+    Head phase (encoder frozen): features phi^{t-1}(x) are computed once in eval mode
+    (``cache-features``), the heads start from the global heads and train for tau_h epochs on
+    sum_m R_{i,m} (``head-solver="gd"``) or jump to the exact local least-squares minimiser
+    nearest to the global head (``"lstsq"``, squared loss); for SA the client adds the exact
+    mean-normalised Hessian of each R_{i,m} at the local (or global) head. Representation phase
+    (heads frozen at h^t): tau_phi epochs on the encoder with the u-re-weighted loss.
+    """
+
+    def head_layout(self) -> core.HeadLayout:
+        return core.HeadLayout(int(self.model.num_outputs), int(self.model.feature_dim), self.model.heads[0].bias is not None)
+
+    def head_loss(self) -> core.HeadLoss:
+        return core.HeadLoss.SQUARED if self.data.task == "regression" else core.HeadLoss.SOFTMAX
+
+    def flat_heads(self) -> torch.Tensor:
+        """The model's heads as a float64 (M, P) tensor in the wire layout."""
+        layout = self.head_layout()
+        return torch.stack([
+            layout.pack(h.weight.detach().double(), h.bias.detach().double() if h.bias is not None else None)
+            for h in self.model.heads
+        ])
+
+    def set_flat_heads(self, heads: torch.Tensor) -> None:
+        layout = self.head_layout()
+        with torch.no_grad():
+            for m, head in enumerate(self.model.heads):
+                weight, bias = layout.unpack(heads[m])
+                head.weight.copy_(weight)
+                if bias is not None:
+                    head.bias.copy_(bias)
+
+    def fit(self, parameters: NDArrays, config: Config) -> tuple[NDArrays, int, Config]:
+        phase = str(config.get(PHASE_KEY, ""))
+        if self.model.num_heads != self.num_domains:
+            raise ValueError(f"FedDAR needs one head per domain: the model has {self.model.num_heads}, the data {self.num_domains} domains")
+        counts = self.domain_counts()  # stops on bad domain labels
+        seed_everything(self.round_seed(config))
+        optimizer = self.train_config.optimizer.scaled(float(config.get("lr-scale", 1.0)))
+        epochs = int(config.get("epochs", 1))
+        meta = {"partition_id": self.partition_id}
+        if phase == "head":
+            self.receive(parameters)
+            arrays, metrics = self.head_phase(config, counts)
+            return arrays, int(counts.sum()), {**metrics, **meta}
+        if phase not in ("rep", "warmup"):
+            raise ValueError(f"unknown {PHASE_KEY}={phase!r}; expected 'head', 'rep' or 'warmup'")
+        self.receive(parameters[:-1])
+        u = torch.as_tensor(parameters[-1], dtype=torch.float32)
+        group = "body" if phase == "rep" else "all"
+        stats = self.train_groups((group,), epochs, optimizer=optimizer, domain_weights=u)
+        return get_arrays(self.model, group), int(counts.sum()), {"train_loss": stats.loss, "train_seconds": stats.seconds, **meta}
+
+    def head_phase(self, config: Config, counts: np.ndarray) -> tuple[NDArrays, dict[str, float]]:
+        """Local head update and, for SA, head Hessians (Algorithm 1, head phase; Eq. 8 inputs)."""
+        layout, loss, num_domains = self.head_layout(), self.head_loss(), self.num_domains
+        optimizer = self.train_config.optimizer.scaled(float(config.get("lr-scale", 1.0)))
+        epochs = int(config.get("epochs", 5))
+        solver = str(config.get("head-solver", "gd"))
+        start = self.flat_heads()
+        feats, y, d = collect_features(self.model, self.data.train, device=self.device)
+        seconds = 0.0
+        if solver == "lstsq":
+            if loss is not core.HeadLoss.SQUARED:
+                raise ValueError("head-solver 'lstsq' needs squared loss (a regression task)")
+            self.set_flat_heads(core.local_least_squares_heads(feats, y, d, start.to(feats.device), layout))
+        elif solver == "gd":
+            loss_fn = domain_mean_loss(self.data.task, num_domains)
+            if bool(config.get("cache-features", True)):
+                head_model = EncoderHeadModel(nn.Identity(), layout.feature_dim, layout.num_outputs, num_domains, layout.bias)
+                head_model.heads = self.model.heads  # shared modules: training them trains the model's heads
+                loader = DataLoader(TensorDataset(feats.cpu(), y.cpu(), d.cpu()), batch_size=self.data.train.batch_size or 32, shuffle=True)
+                stats = train(head_model, loader, optimizer=optimizer, device=self.device, epochs=epochs,
+                              groups=("heads",), task=self.data.task, loss_fn=loss_fn)
+            else:
+                stats = self.train_groups(("heads",), epochs, optimizer=optimizer, loss_fn=loss_fn)
+            seconds = stats.seconds
+        else:
+            raise ValueError(f"unknown head-solver {solver!r}; expected 'gd' or 'lstsq'")
+        local = self.flat_heads().to(feats.device)
+        per_sample = core.per_sample_loss(core.head_outputs(feats, d, local, layout), y, loss)
+        present = max(int((counts > 0).sum()), 1)
+        metrics = {"head_loss": float(core.head_phase_loss(per_sample, d, num_domains)) / present, "train_seconds": seconds}
+        arrays = [local.cpu().numpy(), counts.astype(np.float64)]
+        if bool(config.get("hessian", False)):
+            point = core.hessian_point(str(config.get("hessian-at", "local")), local, start.to(feats.device))
+            stats_h = core.head_statistics(feats, y, d, point, layout, loss,
+                                           max_hessian_params=int(config.get("max-hessian-params", 4096)))
+            arrays.append(stats_h.hessians.cpu().numpy())
+        return arrays, metrics
+
+
+class _PerDomainModels(nn.Module):
+    """M whole models; sample i is predicted by model ``domain[i]`` (for evaluation)."""
+
+    def __init__(self, models: list[EncoderHeadModel]) -> None:
+        super().__init__()
+        self.models = nn.ModuleList(models)
+        self.num_outputs = models[0].num_outputs
+
+    def forward(self, x: torch.Tensor, domain: torch.Tensor) -> torch.Tensor:
+        outputs = torch.stack([m(x) for m in self.models])
+        return outputs[domain, torch.arange(x.shape[0], device=x.device)]
+
+
+class SeparateFedAvgClient(DomainAwareClient):
+    """Separate FedAvg: M copies of a one-head model; copy m trains for ``local-epochs`` on the
+    client's domain-m samples only (if any) and predicts domain-m test samples."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.models = [copy.deepcopy(self.model) for _ in range(self.num_domains)]
+
+    def get_parameters(self, config: Config) -> NDArrays:
+        return [a for model in self.models for a in get_arrays(model, "all")]
+
+    def receive(self, parameters: NDArrays) -> None:
+        per_model = len(parameters) // self.num_domains
+        for m, model in enumerate(self.models):
+            set_arrays(model, parameters[m * per_model : (m + 1) * per_model], "all")
+
+    def fit(self, parameters: NDArrays, config: Config) -> tuple[NDArrays, int, Config]:
+        counts = self.domain_counts()
+        arrays, n, metrics = super().fit(parameters, config)
+        return arrays + [counts.astype(np.float64)], n, metrics
+
+    def local_update(self, config: Config) -> dict[str, float]:
+        domains = self.train_domains()
+        losses, seconds = [], 0.0
+        for m, model in enumerate(self.models):
+            index = torch.nonzero(domains == m).flatten().tolist()
+            if not index:
+                continue
+            loader = DataLoader(Subset(self.data.train.dataset, index), batch_size=self.data.train.batch_size or 32, shuffle=True)
+            stats = train(model, loader, optimizer=self.train_config.optimizer, device=self.device,
+                          epochs=self.train_config.local_epochs, task=self.data.task)
+            losses.append(stats.loss)
+            seconds += stats.seconds
+        return {"train_loss": float(np.mean(losses)) if losses else 0.0, "train_seconds": seconds}
+
+    def local_evaluate(self, config: Config) -> EvalResult:
+        routed = _PerDomainModels(self.models)
+        result = evaluate(routed, self.data.test, device=self.device,  # type: ignore[arg-type]
+                          task=self.data.task, num_domains=self.num_domains)
+        return with_auc(routed, result, self.data, self.device)
+
+
+__all__ = ["DomainAwareClient", "FedDARClient", "ReweightedFedAvgClient", "SeparateFedAvgClient", "domain_mean_loss"]

@@ -1,0 +1,174 @@
+"""The FedGP / FedDA client: one NumPyClient that plays the source or the target role.
+
+Wire layout: see :mod:`flwr_pfl.strategies.fedgp`. The role is fixed per node: the node config
+key ``fedgp-role`` (``target`` or ``source``, for deployments) wins; otherwise the client is the
+target when its partition id equals ``target_partition`` (-1: the last partition). Every round
+the client trains from the global model with a fresh optimizer (App. C: a new Adam each round),
+as the server's ``fedgp.*`` instructions say; nothing of the algorithm persists on the client.
+
+The target trains on its own labelled subset (``target_train_samples``, drawn once from its
+training split with a seed derived from the run seed and partition id, so it is the same every
+round and after every re-creation of the client), with batch size ``target_batch_size`` and
+learning rate ``target_lr_ratio`` x the run's learning rate x the server's ``lr-scale``. In auto
+mode it records one parameter delta per optimizer step (Algorithm 1, step 4), through the shared
+train loop's ``after_step`` hook.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from logging import WARNING
+
+import numpy as np
+import torch
+from flwr.app import Context
+from flwr.common import log
+from torch.utils.data import DataLoader, Subset
+
+from flwr_pfl.clients.base import Config, LocalData, NDArrays, PFLClient, TrainConfig
+from flwr_pfl.core.fedgp import FDAConfig, prepare_step_updates, summarize_step_updates, tensor_roles
+from flwr_pfl.errors import ConfigError
+from flwr_pfl.models.base import EncoderHeadModel
+from flwr_pfl.training import get_arrays, seed_everything
+
+ROLE_KEY = "fedgp-role"
+
+
+def buffer_flags(model: torch.nn.Module) -> list[bool]:
+    """One flag per ``state_dict`` entry (wire order): True for ``named_buffers`` entries."""
+    buffers = {name for name, _ in model.named_buffers()}
+    return [key in buffers for key in model.state_dict()]
+
+
+class FedGPClient(PFLClient):
+    """Source or target of FedGP / FedDA (and of the Target Only / Source Only baselines).
+
+    Args:
+        context, model, data, train_config: as :class:`~flwr_pfl.clients.base.PFLClient`.
+        target_partition: partition id of the target; -1 = the last partition.
+        target_train_samples: labelled training samples the target uses (0 = its whole
+            training split); fewer available is a ConfigError.
+        target_lr_ratio: lr_T / lr_S (DomainBed code 0.2; Fashion-MNIST / CIFAR-10 code 0.5).
+        target_batch_size: the target's batch size (0 = the run's batch size).
+
+    Raises:
+        ConfigError: a target partition outside the federation, a bad ``fedgp-role`` value, or a
+            target with no labelled training samples.
+    """
+
+    shared_group = "all"
+
+    def __init__(
+        self,
+        context: Context,
+        model: EncoderHeadModel,
+        data: LocalData,
+        train_config: TrainConfig | None = None,
+        *,
+        target_partition: int = -1,
+        target_train_samples: int = 0,
+        target_lr_ratio: float = 0.5,
+        target_batch_size: int = 16,
+    ) -> None:
+        super().__init__(context, model, data, train_config)
+        if not target_lr_ratio > 0:
+            raise ConfigError(f"target_lr_ratio must be > 0; got {target_lr_ratio}")
+        self.target_lr_ratio = float(target_lr_ratio)
+        self.is_target = self._role(context, target_partition)
+        if self.is_target:
+            self.data = self._target_data(data, target_train_samples, target_batch_size)
+
+    def _role(self, context: Context, target_partition: int) -> bool:
+        role = context.node_config.get(ROLE_KEY)
+        if role is not None:
+            if role not in ("target", "source"):
+                raise ConfigError(f"node config {ROLE_KEY}={role!r} is unknown; allowed: 'target', 'source'")
+            return role == "target"
+        num = int(context.node_config.get("num-partitions", 0))
+        if target_partition < -1:
+            raise ConfigError(f"target-partition={target_partition} must be -1 (the last partition) or >= 0")
+        if num > 0 and target_partition >= num:
+            raise ConfigError(
+                f"target-partition={target_partition} is outside the federation of {num} partitions "
+                f"(allowed: -1 or 0..{num - 1})"
+            )
+        if target_partition == -1:
+            return num > 0 and self.partition_id == num - 1
+        return self.partition_id == target_partition
+
+    def _target_data(self, data: LocalData, samples: int, batch_size: int) -> LocalData:
+        dataset = data.train.dataset
+        available = len(dataset)  # type: ignore[arg-type]
+        if available == 0:
+            raise ConfigError(
+                f"the target client (partition {self.partition_id}) has no labelled training samples; "
+                "give it data or choose another target-partition"
+            )
+        if samples < 0:
+            raise ConfigError(f"target-train-samples={samples} must be >= 0 (0 = all)")
+        if samples > available:
+            raise ConfigError(
+                f"target-train-samples={samples} but the target (partition {self.partition_id}) has only "
+                f"{available} training samples"
+            )
+        if samples:
+            g = torch.Generator().manual_seed(10_007 * (self.train_config.seed + 1) + self.partition_id)
+            dataset = Subset(dataset, torch.randperm(available, generator=g)[:samples].tolist())
+        bs = batch_size or self.train_config.batch_size
+        # drop_last=False: with tiny targets every sample counts; shuffling uses the per-round seed.
+        return dataclasses.replace(data, train=DataLoader(dataset, batch_size=bs, shuffle=True))
+
+    # ---------------------------------------------------------------- NumPyClient
+    def fit(self, parameters: NDArrays, config: Config) -> tuple[NDArrays, int, Config]:
+        self.receive(parameters)
+        seed_everything(self.round_seed(config))
+        n = len(self.data.train.dataset)  # type: ignore[arg-type]
+        flags = buffer_flags(self.model)
+        base = {"partition_id": self.partition_id, "is_target": int(self.is_target),
+                "buffer_mask": "".join("1" if f else "0" for f in flags)}
+        trains = bool(config.get("fedgp.target-trains" if self.is_target else "fedgp.sources-train", True))
+        if not trains:
+            return [], n, {**base, "skipped": 1}
+        factor = float(config.get("fedgp.lr-scale", 1.0)) * (self.target_lr_ratio if self.is_target else 1.0)
+        optimizer = self.train_config.optimizer.scaled(factor)
+        record = self.is_target and bool(config.get("fedgp.record-steps", False))
+        steps: list[NDArrays] = []
+        after_step = None
+        if record:
+            prev = [a.astype(np.float32) for a in get_arrays(self.model)]
+
+            def after_step(model, step: int) -> None:
+                nonlocal prev
+                cur = [a.astype(np.float32) for a in get_arrays(model)]
+                steps.append([c - p for c, p in zip(cur, prev)])
+                prev = cur
+
+        stats = self.train_groups(("all",), self.train_config.local_epochs, optimizer=optimizer, after_step=after_step)
+        arrays = self.get_parameters(config)
+        metrics: Config = {**base, "num_steps": stats.steps, "lr": optimizer.learning_rate,
+                           "train_loss": stats.loss, "train_seconds": stats.seconds, "n_model_arrays": len(arrays)}
+        if record:
+            max_rows = int(config.get("fedgp.max-step-updates", 0))
+            cfg = FDAConfig(
+                buffer_role=str(config.get("fedgp.buffer-role", "fedavg")),
+                scalar_role=str(config.get("fedgp.scalar-role", "fedavg")),
+                max_step_updates=max_rows or None,
+            )
+            roles = tensor_roles(arrays, cfg, flags)
+            if not steps:
+                log(WARNING, "target took no optimizer step; no step updates to send")
+                m = sum(a.size for a, r in zip(arrays, roles) if r.value == "aggregate")
+                g = np.zeros((0, m), dtype=np.float32)
+            else:
+                g = prepare_step_updates(steps, roles, cfg)
+            if config.get("fedgp.step-upload", "matrix") == "summary":
+                metrics["step_rows"] = int(g.shape[0])
+                if g.shape[0] >= 2:
+                    metrics["step_var"] = float(summarize_step_updates(g).sample_target_var)
+            else:
+                arrays = arrays + [g]
+        return arrays, n, metrics
+
+    def evaluate(self, parameters: NDArrays, config: Config) -> tuple[float, int, Config]:
+        loss, n, metrics = super().evaluate(parameters, config)
+        return loss, n, {**metrics, "is_target": int(self.is_target)}

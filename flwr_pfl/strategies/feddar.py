@@ -1,0 +1,444 @@
+"""FedDAR (Zhong et al., ICLR 2023) and its baselines as Flower Strategies: data movement and state.
+
+The mathematics (head aggregation WA / SA Eq. 8, re-weighting u_m = L / (L_m M) Eq. 6, encoder
+averaging) is in :mod:`flwr_pfl.core.feddar`; this module only gathers what clients send, calls
+it, and sends the results back.
+
+How a FedDAR round maps onto Flower's legacy loop
+-------------------------------------------------
+One FedDAR round (Algorithm 1) is ONE Flower server round, with two exchanges and the same clients:
+
+1. inside ``configure_fit`` the strategy samples the clients, sends them the **head phase**
+   (``feddar-phase="head"``) with blocking ``ClientProxy.fit`` calls (Flower's own
+   ``fit_clients`` thread pool), checks the replies and aggregates the heads (WA or SA);
+2. it then returns the **representation phase** (``feddar-phase="rep"``) as the round's ordinary
+   fit instructions, to exactly the clients whose head reply was accepted; ``aggregate_fit``
+   averages their encoders (weights L_i);
+3. ``evaluate`` then sees (phi^t, h_1^t .. h_M^t).
+
+So a results row with ``round = t`` is FedDAR round t (after ``warmup_rounds`` plain FedAvg +
+multi-head rounds, which are rounds 1..W and count in the total, as the paper's FairFace schedule
+implies). Each round writes a ``head`` row (head aggregation diagnostics), a ``fit`` row
+(representation phase) and an ``evaluate`` row. Before the first round, clients not yet seen
+answer one ``get_properties`` query with their per-domain counts L_{i,m} (spec 8.5: u_m uses the
+counts of all clients, not only the sampled ones).
+
+Wire layout (M domains, heads of N outputs on k features, P = N (k + bias), E encoder arrays)
+----------------------------------------------------------------------------------------------
+* global arrays: the model's ``state_dict`` order: E encoder arrays, then per domain m
+  ``heads.m.weight`` (N, k) [+ ``heads.m.bias`` (N,)].
+* get_properties (``feddar-query="domain-counts"``) -> scalars ``partition_id``, ``num_domains``,
+  ``num_outputs``, ``feature_dim``, ``head_bias``, ``n_d0`` .. ``n_d{M-1}``.
+* head phase: server -> global arrays; client -> ``[heads (M, P) float64, counts (M,) float64]``
+  plus ``[hessians (M, P, P) float64]`` for SA; heads are class-major [W | b] rows
+  (:class:`~flwr_pfl.core.feddar.HeadLayout`), absent domains send the received head, count 0 and a
+  zero Hessian. ``num_examples`` = L_i.
+* representation phase: server -> global arrays + ``[u (M,) float64]``; client -> the E encoder
+  arrays. Warmup rounds: server -> global arrays + ``[u]``; client -> all global arrays.
+* evaluate: server -> global arrays; client -> loss, ``accuracy`` and per-domain ``n_d<m>``,
+  ``acc_d<m>``, ``loss_d<m>`` (pooled by the server into per-domain, min and mean figures).
+
+Baselines with their own server logic: :class:`ReweightedFedAvg` (FedAvg on the u-re-weighted
+loss; with one head per domain it is "FedAvg + multi-head", :class:`FedAvgMultiHead`) and
+:class:`SeparateFedAvg` (one FedAvg model per domain). Plain FedAvg (without re-weighting) is
+:class:`flwr_pfl.strategies.FedAvg`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from logging import WARNING
+from typing import Any
+
+import numpy as np
+from flwr.common import FitIns, FitRes, GetPropertiesIns, Parameters, log, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.server import fit_clients
+
+from flwr_pfl.core import feddar as core
+from flwr_pfl.core.aggregation import weighted_average
+from flwr_pfl.core.metrics import aggregate_client_metrics
+from flwr_pfl.errors import ReplyError
+from flwr_pfl.strategies.base import PFLStrategy
+from flwr_pfl.strategies.validation import ClientReply, Scalar, check_arrays
+
+NDArrays = list[np.ndarray]
+
+PHASE_KEY = "feddar-phase"
+QUERY_KEY = "feddar-query"
+COUNTS_QUERY = "domain-counts"
+
+
+class DomainCountingStrategy(PFLStrategy):
+    """Base of the strategies that need every client's per-domain counts L_{i,m}.
+
+    Before the first fit of a client it has not seen, the strategy asks every connected client
+    not yet in its table for its counts (one ``get_properties`` exchange) and keeps the table
+    L_{i,m} keyed by partition id, from which :meth:`domain_weights` gives u_m = L / (L_m M)
+    (Eq. 6). Replies that are not a valid count vector are logged and left out.
+
+    Args:
+        reweight: False sends u = 1 for every domain (the "w/o RW" ablation).
+        **kwargs: :class:`PFLStrategy` arguments.
+    """
+
+    def __init__(self, *, reweight: bool = True, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.reweight = reweight
+        self.count_table: dict[int, np.ndarray] = {}
+        self.head_info: dict[str, Scalar] = {}
+
+    # ---------------------------------------------------------------- counts
+    def gather_counts(self, client_manager: ClientManager, server_round: int) -> None:
+        """Ask the connected clients not yet in the count table for their L_{i,m}."""
+        unknown = [p for cid, p in client_manager.all().items() if cid not in self.partition_of]
+        if not unknown:
+            return
+        ins = GetPropertiesIns({QUERY_KEY: COUNTS_QUERY, "server-round": self.round_offset + server_round})
+        with concurrent.futures.ThreadPoolExecutor() as pool:
+            futures = {pool.submit(p.get_properties, ins, None, server_round): p for p in unknown}
+            for future in concurrent.futures.as_completed(futures):
+                proxy = futures[future]
+                try:
+                    self._record_counts(proxy, dict(future.result().properties))
+                except Exception as err:  # a failed or malformed answer: that client stays unknown
+                    log(WARNING, "round %d: no domain counts from client %s: %s", server_round, proxy.cid, err)
+        if not self.count_table:
+            raise RuntimeError("no client reported its per-domain sample counts; FedDAR cannot start")
+
+    def _record_counts(self, proxy: ClientProxy, props: dict[str, Scalar]) -> None:
+        num_domains = int(props["num_domains"])
+        counts = np.array([float(props.get(f"n_d{m}", -1)) for m in range(num_domains)])
+        if num_domains < 1 or np.any(counts < 0) or np.any(counts != np.round(counts)):
+            raise ReplyError(f"client {proxy.cid}: invalid domain counts {counts.tolist()}")
+        if self.count_table and num_domains != self.num_domains:
+            raise ReplyError(f"client {proxy.cid}: reports {num_domains} domains, others {self.num_domains}")
+        info = {k: props[k] for k in ("num_outputs", "feature_dim", "head_bias") if k in props}
+        if self.head_info and info != self.head_info:
+            raise ReplyError(f"client {proxy.cid}: head layout {info} differs from {self.head_info}")
+        pid = int(props["partition_id"])
+        self.partition_of[proxy.cid] = pid
+        self.count_table[pid] = counts
+        self.head_info = info
+
+    @property
+    def num_domains(self) -> int:
+        return len(next(iter(self.count_table.values())))
+
+    def domain_weights(self) -> np.ndarray:
+        """u_m = L / (L_m M) over all clients seen (Eq. 6); ones without re-weighting."""
+        if not self.reweight:
+            return np.ones(self.num_domains)
+        return core.domain_weights(np.stack(list(self.count_table.values())))
+
+    def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
+        if self.global_arrays is None:
+            self.global_arrays = parameters_to_ndarrays(parameters)
+        clients = self._sample(client_manager, self.fraction_fit, self.min_fit_clients)
+        self.gather_counts(client_manager, server_round)
+        return self.fit_instructions(server_round, parameters, clients)
+
+    def _config(self, server_round: int, phase: str, **extra: Scalar) -> dict[str, Scalar]:
+        return {**self.extra_fit_config, "server-round": self.round_offset + server_round, PHASE_KEY: phase, **extra}
+
+    def _notify_u(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """Add u_m and L_m (keys ``u_dom<m>``, ``count_dom<m>``) to a metrics row."""
+        table = np.stack(list(self.count_table.values()))
+        for m, (u, n) in enumerate(zip(self.domain_weights(), table.sum(0))):
+            metrics[f"u_dom{m}"], metrics[f"count_dom{m}"] = float(u), float(n)
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        return super().state_dict() | {"count_table": {k: v.copy() for k, v in self.count_table.items()}}
+
+    def load_state_dict(self, state: dict[str, Any], rounds_done: int) -> None:
+        super().load_state_dict(state, rounds_done)
+        self.count_table = {int(k): np.asarray(v) for k, v in state.get("count_table", {}).items()}
+
+
+class ReweightedFedAvg(DomainCountingStrategy):
+    """FedAvg (w/ RW): FedAvg of the whole model trained on the u-re-weighted loss (Eq. 6).
+
+    Wire: fit sends the global arrays + ``[u (M,) float64]`` (``feddar-phase="rw"``); replies and
+    aggregation are FedAvg's (all arrays, weights L_i).
+    """
+
+    name = "fedavg-rw"
+
+    def fit_instructions(self, server_round: int, parameters: Parameters, clients: list[ClientProxy]) -> list[tuple[ClientProxy, FitIns]]:
+        payload = ndarrays_to_parameters(list(self.global_arrays or []) + [self.domain_weights()])
+        return [(p, FitIns(payload, self._config(server_round, "rw"))) for p in clients]
+
+    def aggregate_replies(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
+        return weighted_average([r.arrays for r in replies], [r.num_examples for r in replies])
+
+
+class FedAvgMultiHead(ReweightedFedAvg):
+    """FedAvg + multi-head: encoder and one head per domain trained jointly on the re-weighted
+    loss and averaged by FedAvg (the paper's "FedAvg + Multi-head"; also FedDAR's warmup step)."""
+
+    name = "fedavg-mh"
+
+
+class SeparateFedAvg(DomainCountingStrategy):
+    """Separate FedAvg: one whole model per domain, each federated over its domain's samples.
+
+    Wire: fit and evaluate send M copies of the one-head model's arrays, domain 0's first;
+    fit replies carry the M updated copies plus ``[counts (M,) float64]``. Model m is the
+    average over clients with L_{i,m} > 0, weights L_{i,m}; a model nobody trained is kept.
+    """
+
+    name = "separate-fedavg"
+
+    def fit_instructions(self, server_round: int, parameters: Parameters, clients: list[ClientProxy]) -> list[tuple[ClientProxy, FitIns]]:
+        payload = ndarrays_to_parameters(list(self.global_arrays or []))
+        return [(p, FitIns(payload, self._config(server_round, "separate"))) for p in clients]
+
+    def expected_shapes(self, server_round: int) -> list[tuple[int, ...]]:
+        return super().expected_shapes(server_round) + [(self.num_domains,)]
+
+    def check_reply(self, server_round: int, proxy: ClientProxy, res: FitRes) -> ClientReply:
+        reply = super().check_reply(server_round, proxy, res)
+        _check_counts(f"{proxy.cid} (partition {reply.partition_id})", reply.arrays[-1], reply.num_examples)
+        return reply
+
+    def aggregate_replies(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
+        current = list(self.global_arrays or [])
+        per_model = len(current) // self.num_domains
+        counts = np.stack([r.arrays[-1] for r in replies])
+        out: NDArrays = []
+        for m in range(self.num_domains):
+            chunk = slice(m * per_model, (m + 1) * per_model)
+            if counts[:, m].sum() > 0:
+                out += weighted_average([r.arrays[chunk] for r in replies], counts[:, m])
+            else:
+                out += current[chunk]
+        return out
+
+
+class FedDAR(DomainCountingStrategy):
+    """FedDAR-WA / FedDAR-SA (Algorithm 1): head phase and representation phase per round.
+
+    Args:
+        aggregation: ``"sa"`` (second-order, Eq. 8) or ``"wa"`` (count-weighted average).
+        head_epochs: tau_h, local epochs on the heads (encoder frozen).
+        rep_epochs: tau_phi, local epochs on the encoder (heads frozen).
+        warmup_rounds: FedAvg + multi-head rounds before the first FedDAR round (counted in
+            the total); warmup_epochs: their local epochs.
+        head_solver: ``"gd"`` (the shared training loop) or ``"lstsq"`` (exact local minimiser
+            nearest to the global head; squared loss only).
+        head_lr_scale: head-phase learning rate = learning-rate * head_lr_scale.
+        lr_decay_round / lr_decay_factor: from this round on (counting warmup) every learning rate
+            is multiplied by the factor (FairFace: 0.1 after round 60); 0 = no decay.
+        hessian_at: ``"local"`` (Algorithm 1) or ``"global"`` (Eq. 8 derivation).
+        sa_options: :class:`~flwr_pfl.core.feddar.SAOptions` (weighting, solver, damping,
+            fallback to WA, condition threshold).
+        cache_features: compute features once per head phase with the frozen encoder in eval
+            mode and train the heads on them (exact without data augmentation).
+        max_hessian_params: clients refuse SA heads with more parameters (spec 8.5).
+        reweight: u_m re-weighting of the representation loss (Eq. 6).
+        **kwargs: :class:`PFLStrategy` arguments.
+    """
+
+    name = "feddar"
+
+    def __init__(
+        self,
+        *,
+        aggregation: str = "sa",
+        head_epochs: int = 5,
+        rep_epochs: int = 1,
+        warmup_rounds: int = 0,
+        warmup_epochs: int = 1,
+        head_solver: str = "gd",
+        head_lr_scale: float = 1.0,
+        lr_decay_round: int = 0,
+        lr_decay_factor: float = 0.1,
+        hessian_at: str = "local",
+        sa_options: core.SAOptions | None = None,
+        cache_features: bool = True,
+        max_hessian_params: int = 4096,
+        reweight: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(reweight=reweight, **kwargs)
+        self.aggregation = core.HeadAggregation(aggregation)
+        self.hessian_at = core.HessianAt(hessian_at)
+        self.sa_options = sa_options or core.SAOptions()
+        self.head_epochs, self.rep_epochs = head_epochs, rep_epochs
+        self.warmup_rounds, self.warmup_epochs = warmup_rounds, warmup_epochs
+        self.head_solver = head_solver
+        self.head_lr_scale = head_lr_scale
+        self.lr_decay_round, self.lr_decay_factor = lr_decay_round, lr_decay_factor
+        self.cache_features = cache_features
+        self.max_hessian_params = max_hessian_params
+        #: cids of the clients whose head reply was accepted in the current round
+        self.round_clients: dict[int, list[str]] = {}
+
+    def __repr__(self) -> str:
+        return f"FedDAR(aggregation={self.aggregation.value}, num_clients={self.num_clients})"
+
+    # ---------------------------------------------------------------- layout
+    def phase(self, server_round: int) -> str:
+        """``"warmup"`` for rounds 1..warmup_rounds, else ``"feddar"``."""
+        return "warmup" if self.round_offset + server_round <= self.warmup_rounds else "feddar"
+
+    @property
+    def layout(self) -> core.HeadLayout:
+        info = self.head_info
+        return core.HeadLayout(int(info["num_outputs"]), int(info["feature_dim"]), bool(info["head_bias"]))
+
+    @property
+    def arrays_per_head(self) -> int:
+        return 2 if self.layout.bias else 1
+
+    @property
+    def num_encoder_arrays(self) -> int:
+        n = len(self.global_arrays or []) - self.num_domains * self.arrays_per_head
+        if n < 1:
+            raise RuntimeError(
+                f"the global model has {len(self.global_arrays or [])} arrays, too few for an encoder "
+                f"plus {self.num_domains} heads; build the model with one head per domain"
+            )
+        return n
+
+    def global_heads(self) -> np.ndarray:
+        """The global heads as a flat float64 (M, P) array (wire layout)."""
+        arrays, e, h = self.global_arrays or [], self.num_encoder_arrays, self.arrays_per_head
+        layout = self.layout
+        return np.stack([
+            layout.pack(np.asarray(arrays[e + m * h], np.float64), np.asarray(arrays[e + m * h + 1], np.float64) if h == 2 else None)
+            for m in range(self.num_domains)
+        ])
+
+    def set_global_heads(self, heads: np.ndarray) -> None:
+        arrays, e, h = list(self.global_arrays or []), self.num_encoder_arrays, self.arrays_per_head
+        for m in range(self.num_domains):
+            weight, bias = self.layout.unpack(heads[m])
+            arrays[e + m * h] = weight.astype(arrays[e + m * h].dtype)
+            if bias is not None:
+                arrays[e + m * h + 1] = bias.astype(arrays[e + m * h + 1].dtype)
+        self.global_arrays = arrays
+
+    def lr_scale(self, server_round: int) -> float:
+        decayed = self.lr_decay_round and self.round_offset + server_round >= self.lr_decay_round
+        return self.lr_decay_factor if decayed else 1.0
+
+    # ---------------------------------------------------------------- round
+    def fit_instructions(self, server_round: int, parameters: Parameters, clients: list[ClientProxy]) -> list[tuple[ClientProxy, FitIns]]:
+        lr = self.lr_scale(server_round)
+        u = self.domain_weights()
+        with_u = ndarrays_to_parameters(list(self.global_arrays or []) + [u])
+        if self.phase(server_round) == "warmup":
+            config = self._config(server_round, "warmup", epochs=self.warmup_epochs, **{"lr-scale": lr})
+            return [(p, FitIns(with_u, config)) for p in clients]
+        accepted = self.head_phase(server_round, clients, lr)
+        # the heads changed: rebuild the payload after the head phase
+        with_u = ndarrays_to_parameters(list(self.global_arrays or []) + [u])
+        config = self._config(server_round, "rep", epochs=self.rep_epochs, **{"lr-scale": lr})
+        return [(p, FitIns(with_u, dict(config))) for p in clients if p.cid in accepted]
+
+    def head_phase(self, server_round: int, clients: list[ClientProxy], lr_scale: float) -> set[str]:
+        """Exchange 1 of a FedDAR round: send the head phase to ``clients`` (blocking), check the
+        replies, aggregate the heads (WA or SA) into the global model; returns the accepted cids."""
+        config = self._config(
+            server_round, "head",
+            epochs=self.head_epochs,
+            **{
+                "lr-scale": lr_scale * self.head_lr_scale,
+                "head-solver": self.head_solver,
+                "hessian": self.aggregation is core.HeadAggregation.SA,
+                "hessian-at": self.hessian_at.value,
+                "cache-features": self.cache_features,
+                "max-hessian-params": self.max_hessian_params,
+            },
+        )
+        ins = FitIns(ndarrays_to_parameters(list(self.global_arrays or [])), config)
+        results, failures = fit_clients([(p, ins) for p in clients], max_workers=None, timeout=None, group_id=server_round)
+        replies: list[ClientReply] = []
+        rejected = 0
+        for proxy, res in results:
+            try:
+                replies.append(self.check_head_reply(proxy, res))
+            except ReplyError as err:
+                log(WARNING, "round %d: rejected a head-phase reply: %s", server_round, err)
+                rejected += 1
+        for failure in failures:
+            log(WARNING, "round %d: a client failed in the head phase: %r", server_round,
+                failure if isinstance(failure, BaseException) else failure[1].status)
+        metrics: dict[str, Any] = {"num_failures": float(len(failures) + rejected), "num_rejected": float(rejected)}
+        if replies:
+            metrics |= self.aggregate_heads(server_round, replies)
+            metrics |= aggregate_client_metrics([(r.num_examples, r.metrics) for r in replies], keys=["head_loss"])
+        else:
+            log(WARNING, "round %d: no valid head-phase replies; the heads are unchanged", server_round)
+        self._notify(server_round, "head", self._notify_u(metrics), {r.partition_id: r.metrics for r in replies})
+        return {r.cid for r in replies}
+
+    def check_head_reply(self, proxy: ClientProxy, res: FitRes) -> ClientReply:
+        """Validate a head-phase reply against the wire layout; raise ReplyError otherwise."""
+        partition_id = int(res.metrics.get("partition_id", -1))
+        who = f"{proxy.cid} (partition {partition_id})"
+        arrays = parameters_to_ndarrays(res.parameters)
+        m, p = self.num_domains, self.layout.num_params
+        shapes = [(m, p), (m,)] + ([(m, p, p)] if self.aggregation is core.HeadAggregation.SA else [])
+        check_arrays(who, arrays, shapes, res.num_examples)
+        _check_counts(who, arrays[1], res.num_examples)
+        if partition_id >= 0:
+            self.partition_of[proxy.cid] = partition_id
+            self.count_table[partition_id] = arrays[1].astype(np.float64)  # keeps u current
+        return ClientReply(proxy.cid, partition_id, res.num_examples, arrays, dict(res.metrics))
+
+    def aggregate_heads(self, server_round: int, replies: list[ClientReply]) -> dict[str, float]:
+        """Aggregate the accepted local heads into the global heads; returns diagnostics."""
+        prev = self.global_heads()
+        heads = np.stack([r.arrays[0] for r in replies])
+        counts = np.stack([r.arrays[1] for r in replies])
+        hessians = np.stack([r.arrays[2] for r in replies]) if self.aggregation is core.HeadAggregation.SA else None
+        metrics: dict[str, float] = {"head_update_skipped": 0.0}
+        try:
+            result = core.aggregate_heads(self.aggregation, heads, counts, prev, hessians, self.sa_options)
+        except ValueError as err:  # the exact solver met a singular system (spec 9.3)
+            log(WARNING, "round %d: head aggregation failed, heads kept: %s", server_round, err)
+            return metrics | {"head_update_skipped": 1.0}
+        self.set_global_heads(result.heads)
+        for m in range(self.num_domains):
+            metrics[f"updated_dom{m}"] = float(result.updated[m])
+            metrics[f"head_drift_dom{m}"] = float(np.linalg.norm(result.heads[m] - prev[m]))
+            if self.aggregation is core.HeadAggregation.SA and result.updated[m]:
+                metrics[f"sa_cond_dom{m}"] = float(result.condition_numbers[m])
+                metrics[f"sa_min_eig_dom{m}"] = float(result.min_eigenvalues[m])
+                metrics[f"sa_lambda_dom{m}"] = float(result.damping[m])
+                metrics[f"sa_fallback_dom{m}"] = float(result.fell_back_to_wa[m])
+        return metrics
+
+    # ---------------------------------------------------------------- representation phase
+    def expected_shapes(self, server_round: int) -> list[tuple[int, ...]]:
+        shapes = super().expected_shapes(server_round)
+        return shapes if self.phase(server_round) == "warmup" else shapes[: self.num_encoder_arrays]
+
+    def aggregate_replies(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
+        if self.phase(server_round) == "warmup":
+            return weighted_average([r.arrays for r in replies], [r.num_examples for r in replies])
+        encoder = core.aggregate_encoder([r.arrays for r in replies], [r.num_examples for r in replies])
+        return encoder + list(self.global_arrays or [])[self.num_encoder_arrays:]
+
+    def aggregate_fit(self, server_round, results, failures):
+        parameters, metrics = super().aggregate_fit(server_round, results, failures)
+        if parameters is None and self.global_arrays is not None:
+            # the head phase may have changed the heads even when no encoder came back
+            parameters = ndarrays_to_parameters(self.global_arrays)
+        return parameters, metrics
+
+
+def _check_counts(who: str, counts: np.ndarray, num_examples: int) -> None:
+    """Per-domain counts must be non-negative integers that add up to ``num_examples``."""
+    if np.any(counts < 0) or np.any(counts != np.round(counts)) or int(counts.sum()) != num_examples:
+        raise ReplyError(
+            f"client {who}: domain counts {counts.tolist()} must be non-negative integers summing "
+            f"to num_examples={num_examples}"
+        )
+
+
+__all__ = ["DomainCountingStrategy", "FedAvgMultiHead", "FedDAR", "ReweightedFedAvg", "SeparateFedAvg"]

@@ -1,0 +1,441 @@
+"""FedGP and FedDA (fixed or auto-weighted beta) for one data-poor target and N sources.
+
+Jiang, Zhang, Koyejo, *Principled Federated Domain Adaptation: Gradient Projection and
+Auto-Weighting* (ICLR 2024), Algorithm 1 with the server-side placement. The mathematics
+(Definitions 4.1 / 4.3, App. C.9, Eq. 3, the App. A.5 estimators) lives in
+:mod:`flwr_pfl.core.fedgp`; this module only moves data and keeps the server's state.
+
+Roles. Exactly one client is the **target**; all others are **sources**. A client knows its own
+role (from ``<algorithm>.target-partition`` or the node config ``fedgp-role``, see
+:class:`flwr_pfl.clients.FedGPClient`) and reports it in every reply (metric ``is_target``).
+The strategy learns the target's cid and partition id from those replies; with
+``target_partition`` set it also checks that the right client claims the role. Two clients
+claiming the target role stop the run with a :class:`~flwr_pfl.errors.ConfigError`.
+
+Wire layout (every round every client is sent the same FitIns)
+------------------------------------------------------------------
+* server -> every client: the global arrays in ``state_dict`` order (L arrays, buffers
+  included), config ``fedgp.phase`` (``warmup`` | ``fda``), ``fedgp.lr-scale`` (float),
+  ``fedgp.sources-train`` / ``fedgp.target-trains`` (bool), ``fedgp.record-steps`` (bool),
+  ``fedgp.step-upload`` (``matrix`` | ``summary``), ``fedgp.buffer-role``,
+  ``fedgp.scalar-role`` (which tensors form the flattened vectors), ``fedgp.max-step-updates``
+  (int, 0 = all).
+* source -> server: the L trained arrays, ``num_examples`` = n_i; metrics ``is_target`` = 0,
+  ``num_steps`` = K_i (optimizer steps), ``lr`` (learning rate used), ``train_loss``,
+  ``buffer_mask`` (a string of '0'/'1', one per array, '1' = a ``named_buffers`` entry).
+* target -> server: the L trained arrays, ``num_examples`` = n_T; metrics ``is_target`` = 1,
+  ``num_steps`` = B, ``lr``, ``n_model_arrays`` = L. In auto mode with ``matrix`` upload one more
+  array follows: G, float32 of shape (B', m), its per-step updates flattened over the
+  ``aggregate`` tensors (B' = min(B, max-step-updates)): **4 B' m extra bytes per round**.
+  With ``summary`` upload (FedDA only) no array is added; metrics ``step_var`` (S_T of App. A.5)
+  and ``step_rows`` (B') carry the statistic: **one float**.
+* a client that does not train this round (the target during warm-up and in Source Only, the
+  sources in Target Only) replies with **zero arrays** and metric ``skipped`` = 1.
+* evaluation: every client (or only the target, ``evaluate_sources=False``) evaluates the
+  global model on its own test split; the strategy reports ``target_accuracy``,
+  ``target_loss``, ``target_accuracy_last5`` (mean of the last five evaluations, the paper's
+  metric) and ``source_accuracy_wmean`` beside the usual summaries.
+
+Placement. Only the server-side placement (Algorithm 1) is offered. The target-side placement of
+App. C.1 / C.4 computes the same update (the paper says so, and every input of
+:func:`flwr_pfl.core.fedgp.fda_aggregate` is available to either party); it needs two Flower rounds
+per FDA round and a download of N x m source updates to the target, which is what the legacy
+Strategy API makes awkward (results of one round carried into the next round's per-client
+instructions, evaluation suppressed for half-rounds). Its benefit, avoiding the B x m upload, is
+obtained here by ``max_step_updates`` (B' rows) and, for FedDA, by the one-float ``summary`` upload.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.common import EvaluateIns, EvaluateRes, FitRes, Parameters, log, parameters_to_ndarrays
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+
+from flwr_pfl.core.aggregation import weighted_average
+from flwr_pfl.core.fedgp import (
+    FDAConfig,
+    Phase,
+    Rule,
+    TensorRole,
+    alignment_factors,
+    apply_update,
+    estimate_fda_stats,
+    estimate_fedda_stats_from_summary,
+    estimator_inputs,
+    estimator_scales,
+    fda_aggregate,
+    flatten_update,
+    model_delta,
+    plan_round,
+    round_betas,
+    source_weights,
+    tensor_roles,
+)
+from flwr_pfl.errors import ConfigError, ReplyError
+from flwr_pfl.strategies.base import NDArrays, PFLStrategy
+from flwr_pfl.strategies.validation import ClientReply, Scalar, check_arrays
+
+STEP_UPLOADS = ("matrix", "summary")
+
+
+class FDAStrategy(PFLStrategy):
+    """The machinery FedGP, FedDA, Target Only and Source Only share.
+
+    Args:
+        config: the aggregation options (:class:`flwr_pfl.core.fedgp.FDAConfig`).
+        target_partition: the target's partition id, if known on the server (checked against
+            the replies); None learns it from the clients' ``is_target`` metric.
+        is_buffer: one flag per global array (True for buffers such as BatchNorm statistics);
+            None learns them from the clients' ``buffer_mask`` metric.
+        step_upload: ``matrix`` (the B' x m step updates, Algorithm 1) or ``summary`` (FedDA
+            auto only: one float, :func:`~flwr_pfl.core.fedgp.estimate_fedda_stats_from_summary`).
+        evaluate_sources: also evaluate on the sources' test splits (source-domain accuracy).
+        **kwargs: :class:`~flwr_pfl.strategies.base.PFLStrategy`'s arguments.
+    """
+
+    name = "fda"
+    #: "fda" (FedGP / FedDA), "target_only" or "source_only"
+    mode = "fda"
+
+    def __init__(
+        self,
+        *,
+        config: FDAConfig | None = None,
+        target_partition: int | None = None,
+        is_buffer: Sequence[bool] | None = None,
+        step_upload: str = "matrix",
+        evaluate_sources: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.config = config or FDAConfig()
+        if step_upload not in STEP_UPLOADS:
+            raise ConfigError(f"step_upload={step_upload!r} is unknown; allowed: {', '.join(STEP_UPLOADS)}")
+        if step_upload == "summary" and self.config.rule is not Rule.FEDDA:
+            raise ConfigError("step_upload='summary' is FedDA-only: FedGP's tau^2 d^2 needs the step matrix")
+        if target_partition is not None and not 0 <= target_partition < self.num_clients:
+            raise ConfigError(
+                f"target-partition={target_partition} is outside the federation of num-clients="
+                f"{self.num_clients} (allowed: -1 for the last partition, or 0..{self.num_clients - 1})"
+            )
+        self.step_upload = step_upload
+        self.evaluate_sources = evaluate_sources
+        self.target_partition = target_partition
+        self.target_cid: str | None = None
+        self.is_buffer: list[bool] | None = list(is_buffer) if is_buffer is not None else None
+        self.target_history: list[float] = []
+        self._round_metrics: dict[str, float] = {}
+        self._eval_target: dict[str, float] = {}
+        self._current: dict[str, Scalar] = {}  # this round's fedgp.* instructions
+        self._failures: list[Any] = []  # this round's failed or rejected fit replies
+
+    # ---------------------------------------------------------------- schedule
+    def plan(self, server_round: int):
+        """The core's round plan, adjusted for the baselines (Target Only: no warm-up)."""
+        r = self.round_offset + server_round
+        if self.mode == "target_only":
+            return plan_round(r, _replace(self.config, warmup_rounds=0, auto_weight=False))
+        return plan_round(r, self.config)
+
+    def fit_instructions(self, server_round: int, parameters: Parameters, clients: list[ClientProxy]):
+        plan = self.plan(server_round)
+        fda = plan.phase is Phase.FDA
+        extra: dict[str, Scalar] = {
+            "fedgp.phase": plan.phase.value,
+            "fedgp.lr-scale": float(plan.lr_scale),
+            "fedgp.sources-train": self.mode != "target_only",
+            "fedgp.target-trains": fda and self.mode != "source_only",
+            "fedgp.record-steps": bool(plan.record_step_updates and self.mode == "fda"),
+            "fedgp.step-upload": self.step_upload,
+            "fedgp.buffer-role": self.config.buffer_role.value,
+            "fedgp.scalar-role": self.config.scalar_role.value,
+            "fedgp.max-step-updates": int(self.config.max_step_updates or 0),
+        }
+        out = super().fit_instructions(server_round, parameters, clients)
+        for _, ins in out:
+            ins.config.update(extra)
+        self._current = extra
+        return out
+
+    def configure_evaluate(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        pairs = super().configure_evaluate(server_round, parameters, client_manager)
+        if not self.evaluate_sources and self.target_cid is not None:
+            pairs = [(p, ins) for p, ins in pairs if p.cid == self.target_cid]
+            if not pairs:  # the target was not sampled: ask it directly
+                proxy = client_manager.all().get(self.target_cid)
+                if proxy is not None:
+                    pairs = [(proxy, EvaluateIns(parameters, {"server-round": self.round_offset + server_round}))]
+        return pairs
+
+    # ---------------------------------------------------------------- replies
+    def check_reply(self, server_round: int, proxy: ClientProxy, res: FitRes) -> ClientReply:
+        metrics = dict(res.metrics)
+        pid = int(metrics.get("partition_id", -1))
+        who = f"{proxy.cid} (partition {pid})"
+        arrays = parameters_to_ndarrays(res.parameters)
+        expected = self.expected_shapes(server_round)
+        is_target = bool(metrics.get("is_target", 0))
+        if metrics.get("skipped"):
+            if arrays:
+                raise ReplyError(f"client {who}: marked 'skipped' but sent {len(arrays)} arrays")
+            check_arrays(who, [], [], res.num_examples)
+        else:
+            n_model = len(expected)
+            check_arrays(who, arrays[:n_model], expected, res.num_examples)
+            extra = arrays[n_model:]
+            wants_matrix = is_target and bool(self._current.get("fedgp.record-steps")) and self.step_upload == "matrix"
+            if len(extra) != int(wants_matrix):
+                raise ReplyError(f"client {who}: sent {len(arrays)} arrays, expected {n_model + int(wants_matrix)}")
+            if wants_matrix:
+                self._check_step_matrix(who, extra[0])
+            for key in ("num_steps", "lr"):
+                value = metrics.get(key)
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value <= 0:
+                    raise ReplyError(f"client {who}: metric {key!r} must be a positive number; got {value!r}")
+        self._learn_buffers(metrics.get("buffer_mask"), len(expected))
+        if pid >= 0:
+            self.partition_of[proxy.cid] = pid
+        if is_target:
+            self.target_cid = proxy.cid
+        return ClientReply(proxy.cid, pid, res.num_examples, arrays, metrics)
+
+    def _roles(self) -> list[TensorRole]:
+        return tensor_roles(self.global_arrays or [], self.config, self.is_buffer)
+
+    def _check_step_matrix(self, who: str, g: np.ndarray) -> None:
+        m = int(sum(a.size for a, r in zip(self.global_arrays or [], self._roles()) if r is TensorRole.AGGREGATE))
+        if g.ndim != 2 or g.shape[1] != m or g.shape[0] < 1:
+            raise ReplyError(f"client {who}: step-update matrix has shape {g.shape}, expected (B, {m})")
+        if not np.all(np.isfinite(g)):
+            raise ReplyError(f"client {who}: step-update matrix contains NaN or Inf")
+
+    def _learn_buffers(self, mask: Any, n: int) -> None:
+        if self.is_buffer is not None or not isinstance(mask, str):
+            return
+        if len(mask) != n or set(mask) - {"0", "1"}:
+            log(WARNING, "ignoring a malformed buffer_mask %r (need %d characters of 0/1)", mask, n)
+            return
+        self.is_buffer = [c == "1" for c in mask]
+
+    # ---------------------------------------------------------------- aggregation
+    def aggregate_fit(self, server_round: int, results: list, failures: list) -> tuple[Parameters | None, dict[str, Scalar]]:
+        self._failures = failures  # the base appends rejected replies to this list
+        return super().aggregate_fit(server_round, results, failures)
+
+    def aggregate_replies(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
+        glob = self.global_arrays
+        assert glob is not None
+        targets = [r for r in replies if r.metrics.get("is_target")]
+        if len(targets) > 1:
+            pids = sorted(r.partition_id for r in targets)
+            raise ConfigError(
+                f"round {server_round}: {len(targets)} clients claim the target role (partitions {pids}); "
+                "exactly one may: set <algorithm>.target-partition or the node config fedgp-role once"
+            )
+        target = targets[0] if targets else None
+        if target is None and not self._failures:
+            raise ConfigError(
+                f"round {server_round}: all {len(replies)} clients replied and none is the target; "
+                "configure one: <algorithm>.target-partition (-1 = the last partition) or the node "
+                "config fedgp-role='target' on one node"
+            )
+        if target is not None and self.target_partition is not None and target.partition_id != self.target_partition:
+            raise ConfigError(
+                f"partition {target.partition_id} claims the target role but target_partition="
+                f"{self.target_partition}; the clients and the server disagree on the target"
+            )
+        sources = [r for r in replies if not r.metrics.get("is_target") and not r.metrics.get("skipped")]
+        plan = self.plan(server_round)
+        metrics: dict[str, float] = {"fda_round": float(plan.fda_round), "num_sources": float(len(sources))}
+        self._round_metrics = metrics
+        if plan.phase is Phase.WARMUP or self.mode == "source_only":
+            if not sources:
+                log(WARNING, "round %d: no source update; the global model is unchanged", server_round)
+                return glob
+            w = source_weights([r.num_examples for r in sources], self.config.source_weighting)
+            return weighted_average([r.arrays for r in sources], list(w))
+        if target is None or target.metrics.get("skipped"):
+            log(WARNING, "round %d: no update from the target client; the global model is unchanged", server_round)
+            metrics["target_missing"] = 1.0
+            return glob
+        n_model = len(glob)
+        target_arrays = target.arrays[:n_model]
+        if self.mode == "target_only" or not sources:
+            if self.mode != "target_only":
+                log(WARNING, "round %d: no source update; the target's model becomes the global model", server_round)
+            return [np.asarray(a) for a in target_arrays]
+        return self._fda_update(glob, target, target_arrays, sources, metrics)
+
+    def _fda_update(
+        self, glob: NDArrays, target: ClientReply, target_arrays: NDArrays, sources: list[ClientReply], metrics: dict[str, float]
+    ) -> NDArrays:
+        cfg = self.config
+        roles = self._roles()
+        d_t = model_delta(target_arrays, glob)
+        d_s = [model_delta(r.arrays, glob) for r in sources]
+        w = source_weights([r.num_examples for r in sources], cfg.source_weighting)  # over present sources
+        lr_t, b = float(target.metrics["lr"]), int(target.metrics["num_steps"])
+        lr_s = [float(r.metrics["lr"]) for r in sources]
+        k_s = [int(r.metrics["num_steps"]) for r in sources]
+        align = alignment_factors(lr_target=lr_t, steps_target=b, lr_sources=lr_s, steps_sources=k_s)
+        stats = None
+        if cfg.auto_weight:
+            s_flat = np.stack([flatten_update(d, roles) for d in d_s])
+            if self.step_upload == "matrix":
+                g = target.arrays[n] if (n := len(glob)) < len(target.arrays) else None
+                if g is not None and g.shape[0] >= 2:
+                    g_in, s_in = estimator_inputs(
+                        g, s_flat, source_steps=k_s, lr_target=lr_t, lr_sources=lr_s, alignment=cfg.estimator_alignment
+                    )
+                    stats = estimate_fda_stats(g_in, s_in)
+            else:
+                rows = int(target.metrics.get("step_rows", 0))
+                s_t = float(target.metrics.get("step_var", -1.0))
+                if rows >= 2 and np.isfinite(s_t) and s_t >= 0:
+                    c_t, c_s = estimator_scales(
+                        cfg.estimator_alignment, lr_target=lr_t, lr_sources=lr_s, num_sources=len(sources)
+                    )
+                    gbar = flatten_update(d_t, roles) / b * c_t
+                    s_in = s_flat * (c_s / np.asarray(k_s, dtype=np.float64))[:, None]
+                    stats = estimate_fedda_stats_from_summary(gbar, s_t * c_t**2, rows, s_in)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            betas = round_betas(cfg, len(sources), stats)
+        for warning in caught:
+            log(WARNING, "%s", warning.message)
+        agg = fda_aggregate(d_t, d_s, betas=betas, weights=w, config=cfg, align=align, roles=roles)
+        metrics["beta_mean"] = float(np.mean(agg.betas))
+        metrics["filtered_frac_mean"] = float(np.mean(agg.filtered_frac))
+        metrics["mean_cos_mean"] = float(np.mean(agg.mean_cos))
+        metrics["update_norm_target"] = float(np.linalg.norm(flatten_update(d_t, roles)))
+        for i, r in enumerate(sources):
+            pid = r.partition_id
+            metrics[f"beta_p{pid}"] = float(agg.betas[i])
+            metrics[f"filtered_frac_p{pid}"] = float(agg.filtered_frac[i])
+            metrics[f"mean_cos_p{pid}"] = float(agg.mean_cos[i])
+            metrics[f"align_p{pid}"] = float(align[i])
+        if stats is not None:
+            metrics["sigma2"] = float(stats.target_var)
+            for i, r in enumerate(sources):
+                metrics[f"d2_p{r.partition_id}"] = float(stats.d2[i])
+                if stats.tau2d2 is not None:
+                    metrics[f"tau2d2_p{r.partition_id}"] = float(stats.tau2d2[i])
+        return apply_update(glob, agg.update)
+
+    def fit_metric_keys(self, replies: list[ClientReply]) -> list[str]:
+        return [k for k in super().fit_metric_keys(replies) if k not in ("is_target", "skipped", "n_model_arrays", "step_rows")]
+
+    # ---------------------------------------------------------------- evaluation
+    def aggregate_evaluate(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, EvaluateRes]],
+        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
+    ) -> tuple[float | None, dict[str, Scalar]]:
+        self._eval_target = {}
+        loss, metrics = super().aggregate_evaluate(server_round, results, failures)
+        if "target_loss" in self._eval_target:
+            log(INFO, "round %d: target accuracy %.4f (last-5 mean %.4f)", server_round,
+                self._eval_target.get("target_accuracy", float("nan")), self._eval_target.get("target_accuracy_last5", float("nan")))
+            return self._eval_target["target_loss"], {**metrics, **self._eval_target}
+        return loss, metrics
+
+    def _notify(self, server_round: int, phase: str, metrics: dict[str, float], clients: dict[int, dict[str, Scalar]]) -> None:
+        if phase == "fit":
+            metrics = {**metrics, **self._round_metrics}
+            self._round_metrics = {}
+        elif phase == "evaluate":
+            extra = self._target_metrics(clients)
+            self._eval_target = extra
+            metrics = {**metrics, **extra}
+        super()._notify(server_round, phase, metrics, clients)
+
+    def _target_metrics(self, clients: dict[int, dict[str, Scalar]]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        target = [m for m in clients.values() if m.get("is_target")]
+        sources = [m for m in clients.values() if not m.get("is_target")]
+        if target:
+            t = target[0]
+            out["target_loss"] = float(t["loss"])
+            if "accuracy" in t:
+                self.target_history.append(float(t["accuracy"]))
+                out["target_accuracy"] = float(t["accuracy"])
+                out["target_accuracy_last5"] = float(np.mean(self.target_history[-5:]))
+        if sources:
+            n = np.array([float(m.get("num_examples", 1)) for m in sources])
+            out["source_loss_wmean"] = float(np.average([float(m["loss"]) for m in sources], weights=n))
+            if all("accuracy" in m for m in sources):
+                out["source_accuracy_wmean"] = float(np.average([float(m["accuracy"]) for m in sources], weights=n))
+        return out
+
+    # ---------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        return super().state_dict() | {
+            "target_cid": self.target_cid,
+            "is_buffer": None if self.is_buffer is None else list(self.is_buffer),
+            "target_history": list(self.target_history),
+        }
+
+    def load_state_dict(self, state: dict[str, Any], rounds_done: int) -> None:
+        super().load_state_dict(state, rounds_done)
+        self.target_cid = state.get("target_cid", self.target_cid)
+        if state.get("is_buffer") is not None:
+            self.is_buffer = [bool(x) for x in state["is_buffer"]]
+        self.target_history = list(state.get("target_history", self.target_history))
+
+
+def _replace(cfg: FDAConfig, **changes: Any) -> FDAConfig:
+    from dataclasses import replace
+
+    return replace(cfg, **changes)
+
+
+class FedGP(FDAStrategy):
+    """FedGP (Definition 4.3 / App. C.9): the target update plus the sources' updates projected
+    onto (and filtered by) the target direction, per tensor; fixed beta or auto-weighted
+    (Eq. 3). ``config.rule`` must be ``fedgp``."""
+
+    name = "fedgp"
+
+    def __init__(self, *, config: FDAConfig | None = None, **kwargs: Any) -> None:
+        config = config or FDAConfig(rule=Rule.FEDGP)
+        if config.rule is not Rule.FEDGP:
+            raise ConfigError(f"FedGP needs config.rule='fedgp'; got {config.rule.value!r} (use FedDA)")
+        super().__init__(config=config, **kwargs)
+
+
+class FedDA(FDAStrategy):
+    """FedDA (Definition 4.1): the convex combination (1 - beta_i) Delta_T + beta_i Delta_i;
+    fixed beta or auto-weighted (Eq. 3). ``config.rule`` must be ``fedda``."""
+
+    name = "fedda"
+
+    def __init__(self, *, config: FDAConfig | None = None, **kwargs: Any) -> None:
+        config = config or FDAConfig(rule=Rule.FEDDA)
+        if config.rule is not Rule.FEDDA:
+            raise ConfigError(f"FedDA needs config.rule='fedda'; got {config.rule.value!r} (use FedGP)")
+        super().__init__(config=config, **kwargs)
+
+
+class TargetOnly(FDAStrategy):
+    """Target Only (beta = 0): the target trains alone from the global model; the sources idle.
+    No warm-up (the DomainBed code's Target Only)."""
+
+    name = "target-only"
+    mode = "target_only"
+
+
+class SourceOnly(FDAStrategy):
+    """Source Only: FedAvg over the sources (equal to FedDA with beta = 1 on every floating
+    tensor); the target never trains and only evaluates."""
+
+    name = "source-only"
+    mode = "source_only"

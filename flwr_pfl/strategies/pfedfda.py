@@ -1,0 +1,287 @@
+"""pFedFDA's Strategy (McLaughlin & Su, NeurIPS 2024, Alg. 1): data movement and server state.
+
+The mathematics (initial statistics, Bernoulli participation, checks and aggregation of the
+Gaussian statistics, summaries) lives in :mod:`flwr_pfl.core.pfedfda`.
+
+Wire layout (C classes, d feature width; float32; the classifier head is never sent)
+-------------------------------------------------------------------------------------
+* get_parameters (initial, from one client):
+  ``[backbone arrays..., mu (C, d), Sigma]``; the server replaces (mu, Sigma) with its own
+  initial statistics (Alg. 1 line 2: mu_g^0 ~ U[0,1) or N(0,1), Sigma_g^0 = I).
+* fit instruction (server -> every sampled client, identical for all):
+  ``[backbone arrays..., mu_g (C, d), Sigma_g]``; config ``server-round``.
+* fit reply (client -> server): ``[trained backbone arrays..., mu_i (C, d), Sigma_i]``,
+  the interpolated statistics of Alg. 1 lines 10-11; ``num_examples = n_i`` (training-split
+  size); metrics ``partition_id``, ``train_loss``, ``train_seconds``, ``stats_seconds``,
+  ``beta_mu``, ``beta_sigma``, ``beta_fallback`` (0/1), ``n_feats``.
+* evaluate instruction: the global arrays as in fit; config ``server-round``.
+* evaluate reply: loss and ``num_examples = n_test`` of the personalized LDA head on the
+  client's test split; metrics ``accuracy``, ``beta_mu``, ``beta_sigma``, ``beta_fallback``,
+  ``n_train``, ``domain`` (the most frequent domain of the client's training split),
+  ``partition_id``.
+* get_properties (once per client, to learn the partition id): reply ``partition_id``.
+
+Sigma is (d, d), or its upper triangle (d(d+1)/2,) row-major with ``packed_cov=True`` (Table 8's
+accounting); both sides must agree. Server aggregation (Alg. 1 line 15) is the n_i-weighted
+mean of every array.
+"""
+
+from __future__ import annotations
+
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.common import (
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    GetPropertiesIns,
+    Parameters,
+    log,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+
+from flwr_pfl.core.aggregation import weighted_average
+from flwr_pfl.core.metrics import summarize
+from flwr_pfl.core.pfedfda import (
+    aggregate_statistics,
+    bernoulli_participation,
+    check_client_statistics,
+    client_accuracy_summary,
+    global_statistics_summary,
+    init_global_statistics,
+    join_wire,
+    split_wire,
+)
+from flwr_pfl.errors import ReplyError
+from flwr_pfl.strategies.base import NDArrays, PFLStrategy
+from flwr_pfl.strategies.validation import ClientReply, Scalar
+
+SAMPLING_MODES = ("bernoulli", "fixed")
+
+
+class PFedFDA(PFLStrategy):
+    """pFedFDA's server: global backbone phi_g and Gaussian statistics (mu_g, Sigma_g).
+
+    Args:
+        sampling: ``bernoulli`` (each training client independently with probability
+            q = ``fraction_fit``, the paper's scheme; an empty draw becomes one client) or
+            ``fixed`` (a fixed ``fraction_fit`` share, as Flower's FedAvg).
+        full_last_round: every training client takes part in the last round (paper App. C.2);
+            needs ``num_rounds``.
+        eval_every: evaluate every this many rounds and after the last (0: only the last).
+            The last evaluation covers every client, including those never sampled.
+        mean_init: ``uniform`` (official code) or ``gaussian`` (paper) initial means.
+        seed: seed of the sampling generator and of the initial means; None draws it from
+            NumPy's global generator (which the app seeds with the run's seed).
+        num_rounds: the run's total rounds (0: unknown; then no round counts as the last).
+        train_clients: only partitions below this train (0: all); the rest are new clients,
+            evaluated without ever training (Table 4 protocol).
+        packed_cov: Sigma travels as its upper triangle.
+        **kwargs: :class:`PFLStrategy`'s arguments (``num_clients``, ``fraction_fit`` = q, ...).
+    """
+
+    name = "pfedfda"
+
+    def __init__(
+        self,
+        *,
+        sampling: str = "bernoulli",
+        full_last_round: bool = True,
+        eval_every: int = 1,
+        mean_init: str = "uniform",
+        seed: int | None = None,
+        num_rounds: int = 0,
+        train_clients: int = 0,
+        packed_cov: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if sampling not in SAMPLING_MODES:
+            raise ValueError(f"sampling must be one of {SAMPLING_MODES}, got {sampling!r}")
+        if eval_every < 0 or train_clients < 0 or num_rounds < 0:
+            raise ValueError("eval_every, train_clients and num_rounds must be >= 0")
+        if mean_init not in ("uniform", "gaussian"):
+            raise ValueError(f"mean_init must be 'uniform' or 'gaussian', got {mean_init!r}")
+        self.sampling = sampling
+        self.full_last_round = full_last_round
+        self.eval_every = eval_every
+        self.mean_init = mean_init
+        self.seed = int(np.random.randint(0, 2**31 - 1)) if seed is None else int(seed)
+        self.rng = np.random.default_rng(self.seed)
+        if num_rounds:
+            self.num_rounds = num_rounds
+        self.train_clients = train_clients
+        self.packed_cov = packed_cov
+        self._extra: dict[str, dict[str, float]] = {}
+
+    # ---------------------------------------------------------------- helpers
+    def is_last_round(self, server_round: int) -> bool:
+        return bool(self.num_rounds) and self.round_offset + server_round >= self.num_rounds
+
+    def split(self, arrays: NDArrays) -> tuple[NDArrays, np.ndarray, np.ndarray]:
+        """(backbone, mu (C, d), Sigma (d, d)) of a message."""
+        return split_wire(arrays, packed_cov=self.packed_cov)
+
+    def _initial_arrays(self, parameters: Parameters) -> NDArrays:
+        """The first global arrays: the client's backbone with the server's mu_g^0, Sigma_g^0."""
+        backbone, mu, _ = self.split(parameters_to_ndarrays(parameters))
+        mu0, sigma0 = init_global_statistics(mu.shape[0], mu.shape[1], init=self.mean_init, seed=self.seed)  # type: ignore[arg-type]
+        return join_wire(backbone, mu0, sigma0, packed_cov=self.packed_cov)
+
+    def _learn_partitions(self, server_round: int, clients: list[ClientProxy]) -> None:
+        """Ask clients whose partition id is unknown for it (one get_properties exchange)."""
+        for proxy in clients:
+            if proxy.cid in self.partition_of:
+                continue
+            try:
+                res = proxy.get_properties(
+                    GetPropertiesIns({"server-round": server_round}), timeout=self.wait_timeout, group_id=server_round
+                )
+                pid = int(res.properties.get("partition_id", -1))
+            except Exception as err:  # a client that cannot answer keeps an unknown partition
+                log(WARNING, "round %d: client %s did not report its partition id: %r", server_round, proxy.cid, err)
+                continue
+            if pid >= 0:
+                self.partition_of[proxy.cid] = pid
+
+    def _all_clients(self, server_round: int, client_manager: ClientManager) -> list[ClientProxy]:
+        """Every connected client (after waiting for ``num_clients``), in partition order."""
+        self._sample(client_manager, 1.0, 1)  # waits for the whole federation
+        clients = list(client_manager.all().values())
+        self._learn_partitions(server_round, clients)
+        return sorted(clients, key=lambda p: (self.partition_of.get(p.cid, 1 << 30), p.cid))
+
+    # ---------------------------------------------------------------- instructions
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        if self.global_arrays is None:
+            self.global_arrays = self._initial_arrays(parameters)
+        parameters = ndarrays_to_parameters(self.global_arrays)
+        clients = self._all_clients(server_round, client_manager)
+        if self.train_clients:
+            clients = [p for p in clients if 0 <= self.partition_of.get(p.cid, -1) < self.train_clients]
+            if not clients:
+                raise RuntimeError(f"train_clients={self.train_clients} leaves no client with a known partition id to train")
+        last = self.full_last_round and self.is_last_round(server_round)
+        if self.sampling == "bernoulli":
+            chosen = bernoulli_participation(len(clients), self.fraction_fit, self.rng, full=last)
+        elif last:
+            chosen = np.arange(len(clients))
+        else:
+            size = max(int(len(clients) * self.fraction_fit), self.min_fit_clients, 1)
+            chosen = np.sort(self.rng.choice(len(clients), size=min(size, len(clients)), replace=False))
+        selected = [clients[i] for i in chosen]
+        log(INFO, "round %d: %d of %d clients sampled%s", server_round, len(selected), len(clients), " (last round: all)" if last else "")
+        return self.fit_instructions(server_round, parameters, selected)
+
+    def configure_evaluate(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        last = self.is_last_round(server_round)
+        due = self.eval_every > 0 and (self.round_offset + server_round) % self.eval_every == 0
+        if self.fraction_evaluate == 0.0 or not (due or last):
+            return []
+        if self.global_arrays is not None:
+            parameters = ndarrays_to_parameters(self.global_arrays)
+        if last:
+            clients = self._all_clients(server_round, client_manager)  # the paper evaluates everyone
+        else:
+            clients = self._sample(client_manager, self.fraction_evaluate, self.min_evaluate_clients)
+        config: dict[str, Scalar] = {"server-round": self.round_offset + server_round}
+        return [(proxy, EvaluateIns(parameters, dict(config))) for proxy in clients]
+
+    # ---------------------------------------------------------------- replies
+    def check_reply(self, server_round: int, proxy: ClientProxy, res: FitRes) -> ClientReply:
+        """The base checks (count, shapes, NaN, num_examples), then the statistics: shapes,
+        finiteness, symmetry and positive semi-definiteness of Sigma_i."""
+        reply = super().check_reply(server_round, proxy, res)
+        _, mu_g, _ = self.split(self.global_arrays or [])
+        try:
+            _, mu, sigma = self.split(reply.arrays)
+            check_client_statistics(mu, sigma, mu_g.shape[0], mu_g.shape[1])
+        except ValueError as err:
+            raise ReplyError(f"client {proxy.cid} (partition {reply.partition_id}): {err}") from None
+        return reply
+
+    def aggregate_replies(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
+        """Alg. 1 line 15: n_i-weighted means of phi, mu and Sigma (FedAvg over the extended list).
+
+        Replies are summed in partition order, so that the result does not depend on the order
+        in which clients finished (floating-point sums are not associative).
+        """
+        replies = sorted(replies, key=lambda r: (r.partition_id, r.cid))
+        counts = [r.num_examples for r in replies]
+        parts = [self.split(r.arrays) for r in replies]
+        backbone = weighted_average([p[0] for p in parts], counts) if parts[0][0] else []
+        mu, sigma = aggregate_statistics([p[1] for p in parts], [p[2] for p in parts], counts)
+        self._extra["fit"] = global_statistics_summary(mu, sigma)  # ||mu_g||, tr and cond of Sigma_g
+        return join_wire(backbone, mu, sigma, packed_cov=self.packed_cov)
+
+    def aggregate_fit(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, FitRes]],
+        failures: list[tuple[ClientProxy, FitRes] | BaseException],
+    ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        """The base aggregation, with the global statistics' summary in the returned metrics."""
+        self._extra.pop("fit", None)
+        parameters, metrics = super().aggregate_fit(server_round, results, failures)
+        if parameters is not None and self.global_arrays is not None:
+            _, mu, sigma = self.split(self.global_arrays)
+            metrics = {**metrics, **global_statistics_summary(mu, sigma)}
+        return parameters, metrics
+
+    def aggregate_evaluate(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, EvaluateRes]],
+        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
+    ) -> tuple[float | None, dict[str, Scalar]]:
+        """The base summaries plus the paper's: accuracy mean (std, Bessel) across clients, and
+        beta for clean (domain 0) vs shifted clients and for clients never trained."""
+        valid = [r for _, r in results if r.num_examples > 0 and np.isfinite(r.loss)]
+        summary = self._evaluate_summary(valid)
+        self._extra["evaluate"] = summary  # merged into what the results writer sees
+        loss, metrics = super().aggregate_evaluate(server_round, results, failures)
+        return loss, {**metrics, **summary}
+
+    def _evaluate_summary(self, valid: list[EvaluateRes]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        acc = [(float(r.metrics["accuracy"]), r.num_examples) for r in valid if "accuracy" in r.metrics]
+        if acc:
+            summary = client_accuracy_summary([a for a, _ in acc], [n for _, n in acc])
+            out["accuracy_std_bessel"] = summary["std_bessel"]
+        groups: dict[str, list[EvaluateRes]] = {}
+        for r in valid:
+            if "beta_mu" not in r.metrics:
+                continue
+            groups.setdefault("clean" if int(r.metrics.get("domain", 0)) == 0 else "shifted", []).append(r)
+            if self.train_clients:
+                pid = int(r.metrics.get("partition_id", -1))
+                groups.setdefault("new" if pid >= self.train_clients else "trained", []).append(r)
+        if len(groups.get("clean", [])) and len(groups.get("shifted", [])) or self.train_clients:
+            for name, members in groups.items():
+                out[f"beta_mu_{name}_mean"] = summarize([float(r.metrics["beta_mu"]) for r in members])["mean"]
+                out[f"accuracy_{name}_mean"] = summarize([float(r.metrics.get("accuracy", np.nan)) for r in members])["mean"]
+        return out
+
+    def _notify(self, server_round: int, phase: str, metrics: dict[str, float], clients: dict[int, dict[str, Scalar]]) -> None:
+        super()._notify(server_round, phase, {**metrics, **self._extra.pop(phase, {})}, clients)
+
+    # ---------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """The base state plus the sampling generator and the learned partition ids."""
+        return {**super().state_dict(), "rng": self.rng.bit_generator.state, "partition_of": dict(self.partition_of)}
+
+    def load_state_dict(self, state: dict[str, Any], rounds_done: int) -> None:
+        super().load_state_dict(state, rounds_done)
+        if "rng" in state:
+            self.rng.bit_generator.state = state["rng"]
+        self.partition_of.update(state.get("partition_of", {}))

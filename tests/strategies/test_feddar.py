@@ -1,0 +1,299 @@
+"""FedDAR end to end through the real Strategy and NumPyClient, in one process (no Ray)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from flwr_pfl.app.client_app import app as client_app
+from flwr_pfl.app.config import parse_experiment
+from flwr_pfl.app.inprocess import run_inprocess
+from flwr_pfl.app.registry import ALGORITHMS
+from flwr_pfl.app.server_app import app as server_app
+from flwr_pfl.clients.base import LocalData
+from flwr_pfl.clients.feddar import FedDARClient
+from flwr_pfl.data.registry import DatasetPool, register_dataset
+from flwr_pfl.data.types import ArraySplit
+from flwr_pfl.errors import ConfigError
+
+SYNTHETIC = {
+    "dataset": "feddar-synthetic",
+    "partitioner": "domain-mixture",
+    "domain-alpha": 0.4,
+    "samples-per-client": 40,
+    "test-fraction": 0.5,
+    "model": "linear",
+    "feature-dim": 2,
+    "batch-size": 20,  # full batch: 20 training samples per client
+    "learning-rate": 0.2,
+    "momentum": 0.0,
+    "local-epochs": 5,
+    "feddar.head-solver": "lstsq",
+    "feddar.rep-epochs": 5,
+}
+
+
+def run(tmp_path, name, num_clients=8, **overrides):
+    cfg = {"num-clients": num_clients, "output-dir": str(tmp_path), "run-name": name} | overrides
+    grid = run_inprocess(server_app, client_app, num_clients, cfg)
+    rows = json.loads((tmp_path / name / "metrics.json").read_text())
+    return grid, rows
+
+
+def phase(rows, name):
+    return [r for r in rows if r["phase"] == name]
+
+
+@pytest.fixture(scope="module")
+def blobs3() -> str:
+    """4 Gaussian classes in 10 dimensions, 3 domains; each domain permutes which centre a class
+    uses, so one shared head cannot fit all domains (domain heads are needed)."""
+
+    def build(config) -> DatasetPool:
+        g = torch.Generator().manual_seed(7)
+        centers = 3.0 * torch.randn(4, 10, generator=g)
+        n = 1800
+        y = torch.arange(n) % 4
+        d = (torch.arange(n) // 4) % 3
+        perms = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0], [3, 2, 1, 0]])
+        x = centers[perms[d, y]] + torch.randn(n, 10, generator=g)
+        return DatasetPool(x=x, y=y, domain=d, num_classes=4, num_domains=3)
+
+    register_dataset("feddar-test-blobs3", build, replace=True)
+    return "feddar-test-blobs3"
+
+
+BLOBS = {"partitioner": "domain-mixture", "domain-alpha": 1.0, "samples-per-client": 150, "test-fraction": 0.3,
+         "model": "linear", "feature-dim": 6, "learning-rate": 0.1, "batch-size": 32,
+         "feddar.head-epochs": 2, "feddar.rep-epochs": 1}
+
+
+# ------------------------------------------------------------------------------------ learning
+def test_sa_error_falls_and_ends_below_fedavg(tmp_path):
+    _, sa = run(tmp_path, "sa", algorithm="feddar-sa", **{"num-server-rounds": 20, **SYNTHETIC})
+    _, avg = run(tmp_path, "avg", algorithm="fedavg", **{"num-server-rounds": 20, **SYNTHETIC})
+    sa_mse = [r["loss_wmean"] for r in phase(sa, "evaluate")]
+    avg_mse = [r["loss_wmean"] for r in phase(avg, "evaluate")]
+    assert [r["round"] for r in phase(sa, "evaluate")] == list(range(1, 21))
+    assert sa_mse[-1] < sa_mse[0] / 5  # the error falls over the rounds
+    assert np.mean(sa_mse[-5:]) < np.mean(sa_mse[:5]) / 5
+    assert sa_mse[-1] < avg_mse[-1] / 5  # and ends well below FedAvg's (one model for 5 domains)
+    last = phase(sa, "evaluate")[-1]
+    assert "loss_domain_max" in last and "loss_domain_mean" in last  # per-domain figures
+
+
+def test_multiclass_sa_stays_finite_and_trains(tmp_path, blobs3):
+    _, rows = run(tmp_path, "sa", num_clients=4, algorithm="feddar-sa", dataset=blobs3, **{"num-server-rounds": 6, **BLOBS})
+    evals = phase(rows, "evaluate")
+    assert all(math.isfinite(r["loss_wmean"]) for r in evals)
+    assert evals[-1]["accuracy_wmean"] > 0.8 and evals[-1]["accuracy_wmean"] > evals[0]["accuracy_wmean"]
+    for key in ("acc_d0", "acc_d1", "acc_d2", "acc_domain_min", "acc_domain_mean", "accuracy_mean"):
+        assert key in evals[-1]  # per domain, min and mean over domains, client average
+    heads = phase(rows, "head")
+    # the softmax Hessian is singular by construction: the damped solve reports lambda > 0
+    assert all(r["sa_lambda_dom0"] > 0 for r in heads)
+    assert all(r["num_failures"] == 0 for r in heads)
+
+
+# ------------------------------------------------------------------------------------ wire
+class _SpyClient(FedDARClient):
+    """Records every fit it answers (round, phase, partition, shapes in and out)."""
+
+    log: list = []
+    fault: str = ""
+
+    def fit(self, parameters, config):
+        arrays, n, metrics = super().fit(parameters, config)
+        phase = config["feddar-phase"]
+        if phase == "head" and self.partition_id == 0:
+            if self.fault == "nan":
+                arrays[2] = np.full_like(arrays[2], np.nan)
+            elif self.fault == "counts":
+                arrays[1] = arrays[1] + 1.0
+        type(self).log.append((int(config["server-round"]), phase, self.partition_id,
+                               [a.shape for a in parameters], [a.shape for a in arrays]))
+        return arrays, n, metrics
+
+
+def spy(monkeypatch, algorithm="feddar-sa", fault=""):
+    client = type("Spy", (_SpyClient,), {"log": [], "fault": fault})
+    monkeypatch.setitem(ALGORITHMS, algorithm, dataclasses.replace(ALGORITHMS[algorithm], client=client))
+    return client
+
+
+def test_two_exchanges_per_round_use_the_same_clients_and_the_wire_layout(tmp_path, monkeypatch):
+    client = spy(monkeypatch)
+    run(tmp_path, "wire", num_clients=6, algorithm="feddar-sa", **{"num-server-rounds": 3, "fraction-fit": 0.5, **SYNTHETIC})
+    m, p, d, k = 5, 2, 20, 2  # 5 domains, heads of 1 x 2 (no bias), encoder B^T (2, 20)
+    for rnd in (1, 2, 3):
+        head = {e[2] for e in client.log if e[0] == rnd and e[1] == "head"}
+        rep = {e[2] for e in client.log if e[0] == rnd and e[1] == "rep"}
+        assert len(head) == 3 and head == rep
+    for _, phase_, _, sent, got in client.log:
+        if phase_ == "head":
+            assert sent == [(k, d)] + [(1, k)] * m
+            assert got == [(m, p), (m,), (m, p, p)]
+        else:
+            assert sent == [(k, d)] + [(1, k)] * m + [(m,)]  # + u
+            assert got == [(k, d)]  # the encoder only
+
+
+def test_wa_sends_no_hessians(tmp_path, monkeypatch):
+    client = spy(monkeypatch, "feddar-wa")
+    _, rows = run(tmp_path, "wa", num_clients=4, algorithm="feddar-wa", **{"num-server-rounds": 2, **SYNTHETIC})
+    assert {tuple(e[4]) for e in client.log if e[1] == "head"} == {((5, 2), (5,))}
+    assert all(math.isfinite(r["loss_wmean"]) for r in phase(rows, "evaluate"))
+
+
+@pytest.mark.parametrize("fault", ["nan", "counts"])
+def test_bad_head_reply_is_rejected_and_that_client_skips_the_rep_phase(tmp_path, monkeypatch, fault):
+    client = spy(monkeypatch, fault=fault)
+    _, rows = run(tmp_path, "bad", num_clients=4, algorithm="feddar-sa", **{"num-server-rounds": 2, **SYNTHETIC})
+    assert [r["num_rejected"] for r in phase(rows, "head")] == [1.0, 1.0]
+    assert [r["num_clients"] for r in phase(rows, "fit")] == [3.0, 3.0]
+    assert not any(e[2] == 0 and e[1] == "rep" for e in client.log)
+    assert all(math.isfinite(r["loss_wmean"]) for r in phase(rows, "evaluate"))
+
+
+# ------------------------------------------------------------------------------------ bad input
+class _BadLabelClient(FedDARClient):
+    """Partition 0 holds a sample whose domain label is M (outside [0, M))."""
+
+    def __init__(self, context, model, data, *args, **kwargs):
+        if int(context.node_config["partition-id"]) == 0:
+            x, y, dom = data.train.dataset.tensors
+            dom = dom.clone()
+            dom[0] = data.num_domains
+            split = ArraySplit(x, y, dom)
+            data = dataclasses.replace(data, train=split.loader(data.train.batch_size, shuffle=True))
+        super().__init__(context, model, data, *args, **kwargs)
+
+
+def test_domain_label_outside_range_fails_that_client_only(tmp_path, monkeypatch):
+    spec = dataclasses.replace(ALGORITHMS["feddar-sa"], client=_BadLabelClient)
+    monkeypatch.setitem(ALGORITHMS, "feddar-sa", spec)
+    _, rows = run(tmp_path, "label", num_clients=4, algorithm="feddar-sa", **{"num-server-rounds": 2, **SYNTHETIC})
+    assert [r["num_failures"] for r in phase(rows, "head")] == [1.0, 1.0]
+    assert [r["num_clients"] for r in phase(rows, "fit")] == [3.0, 3.0]
+    assert all(math.isfinite(r["loss_wmean"]) for r in phase(rows, "evaluate"))
+
+
+def test_domain_label_outside_range_names_the_client(blobs3):
+    from flwr.app import Context, RecordDict
+
+    from flwr_pfl.models import build_model
+
+    x = torch.randn(6, 10)
+    split = ArraySplit(x, torch.zeros(6, dtype=torch.long), torch.tensor([0, 1, 2, 3, 0, 1]))
+    data = LocalData(train=split.loader(6, shuffle=False), test=split.loader(6, shuffle=False), num_domains=3)
+    ctx = Context(run_id=1, node_id=1, node_config={"partition-id": 5, "num-partitions": 6}, state=RecordDict(), run_config={})
+    client = FedDARClient(ctx, build_model("linear", (10,), 4, num_heads=3, feature_dim=2), data)
+    with pytest.raises(ValueError, match=r"partition 5: domain labels must lie in \[0, 3\)"):
+        client.domain_counts()
+
+
+@pytest.fixture(scope="module")
+def blobs_missing_domain() -> str:
+    """Like blobs3 but domain 2 has no sample anywhere (declared, never observed)."""
+
+    def build(config) -> DatasetPool:
+        g = torch.Generator().manual_seed(3)
+        n = 800
+        y = torch.arange(n) % 4
+        d = (torch.arange(n) // 4) % 2
+        x = 3.0 * torch.randn(4, 10, generator=g)[y] + torch.randn(n, 10, generator=g)
+        return DatasetPool(x=x, y=y, domain=d, num_classes=4, num_domains=3)
+
+    register_dataset("feddar-test-missing", build, replace=True)
+    return "feddar-test-missing"
+
+
+def test_domains_absent_from_clients_are_skipped_and_an_unseen_domain_keeps_its_head(tmp_path, monkeypatch, blobs_missing_domain):
+    client = spy(monkeypatch)
+    overrides = {**BLOBS, "partitioner": "domain-mixture", "domain-alpha": 0.1, "samples-per-client": 100}
+    grid, rows = run(tmp_path, "missing", num_clients=4, algorithm="feddar-sa", dataset=blobs_missing_domain,
+                     **{"num-server-rounds": 3, **overrides})
+    heads = phase(rows, "head")
+    assert all(r["u_dom2"] == 0.0 and r["count_dom2"] == 0.0 for r in heads)  # u_m = 0 for an unseen domain
+    assert all(r["updated_dom2"] == 0.0 and r["head_drift_dom2"] == 0.0 for r in heads)
+    assert all(r["updated_dom0"] == 1.0 for r in heads)
+    evals = phase(rows, "evaluate")
+    assert all(math.isfinite(r["loss_wmean"]) for r in evals) and evals[-1]["accuracy_wmean"] > 0.5
+
+
+@pytest.mark.parametrize("solver", ["exact", "pinv", "damped"])
+def test_singular_hessian_is_handled_by_the_configured_solver(tmp_path, blobs3, solver):
+    _, rows = run(tmp_path, solver, num_clients=3, algorithm="feddar-sa", dataset=blobs3,
+                  **{"num-server-rounds": 2, **BLOBS, "feddar.sa-solver": solver})
+    heads = phase(rows, "head")
+    # softmax heads: sum of Hessians singular; exact refuses (heads kept, run goes on), the others solve
+    assert [r["head_update_skipped"] for r in heads] == ([1.0, 1.0] if solver == "exact" else [0.0, 0.0])
+    assert all(math.isfinite(r["loss_wmean"]) for r in phase(rows, "evaluate"))
+
+
+def test_fallback_to_wa_on_ill_conditioning(tmp_path, blobs3):
+    _, rows = run(tmp_path, "fb", num_clients=3, algorithm="feddar-sa", dataset=blobs3,
+                  **{"num-server-rounds": 1, **BLOBS, "feddar.sa-fallback-to-wa": True})
+    assert phase(rows, "head")[0]["sa_fallback_dom0"] == 1.0
+
+
+# ------------------------------------------------------------------------------------ baselines
+@pytest.mark.parametrize("algorithm", ["separate-fedavg", "fedavg-rw", "fedavg-mh", "feddar-wa"])
+def test_baselines_train_with_domain_metrics(tmp_path, blobs3, algorithm):
+    _, rows = run(tmp_path, algorithm, num_clients=3, algorithm=algorithm, dataset=blobs3, **{"num-server-rounds": 3, **BLOBS})
+    last = phase(rows, "evaluate")[-1]
+    assert "acc_domain_min" in last and "acc_domain_mean" in last and math.isfinite(last["loss_wmean"])
+    if algorithm != "fedavg-rw":  # one shared head cannot fit the permuted domains; the others can
+        assert last["acc_domain_min"] > 0.3
+
+
+def test_warmup_rounds_come_first_and_count_in_the_total(tmp_path, monkeypatch):
+    client = spy(monkeypatch)
+    run(tmp_path, "warm", num_clients=3, algorithm="feddar-sa",
+        **{"num-server-rounds": 3, **SYNTHETIC, "feddar.warmup-rounds": 2})
+    assert [(e[0], e[1]) for e in client.log if e[2] == 0] == [(1, "warmup"), (2, "warmup"), (3, "head"), (3, "rep")]
+
+
+def test_options_are_validated_and_shared_by_the_variants():
+    with pytest.raises(ConfigError, match="feddar.sa-solver"):
+        parse_experiment({"algorithm": "feddar-sa", "feddar.sa-solver": "inverse"})
+    with pytest.raises(ConfigError, match="feddar.head-epochs"):
+        parse_experiment({"algorithm": "feddar", "feddar.head-epochs": -1})
+    e = parse_experiment({"algorithm": "feddar-wa", "feddar.head-epochs": 3, "feddar.aggregation": "sa"})
+    kwargs = e.algorithm.strategy_kwargs(e.options)
+    assert kwargs["head_epochs"] == 3 and kwargs["aggregation"] == "wa"  # the named variant wins
+    assert e.to_dict()["feddar.head-epochs"] == 3
+
+
+# ------------------------------------------------------------------------------------ binary AUC
+def test_binary_auc_matches_pair_counting():
+    from flwr_pfl.core.feddar import binary_auc
+
+    rng = np.random.default_rng(0)
+    s, y = rng.integers(0, 5, 60).astype(float), rng.integers(0, 2, 60)
+    pos, neg = s[y == 1], s[y == 0]
+    pairs = (pos[:, None] > neg[None, :]).mean() + 0.5 * (pos[:, None] == neg[None, :]).mean()
+    assert binary_auc(s, y) == pytest.approx(pairs)
+    assert math.isnan(binary_auc(s, np.ones(60)))
+
+
+def test_binary_task_reports_client_and_domain_auc(tmp_path):
+    def build(config) -> DatasetPool:
+        g = torch.Generator().manual_seed(11)
+        n = 900
+        d = torch.arange(n) % 3
+        y = (torch.arange(n) // 3) % 2
+        w = torch.randn(3, 6, generator=g)
+        x = torch.randn(n, 6, generator=g) + 1.5 * (2 * y[:, None] - 1) * w[d]
+        return DatasetPool(x=x, y=y, domain=d, num_classes=2, num_domains=3)
+
+    register_dataset("feddar-test-binary", build, replace=True)
+    _, rows = run(tmp_path, "auc", num_clients=3, algorithm="feddar-sa", dataset="feddar-test-binary",
+                  **{"num-server-rounds": 3, **BLOBS})
+    last = phase(rows, "evaluate")[-1]
+    assert last["auc_mean"] > 0.8 and "auc_dom0_mean" in last and "acc_domain_min" in last
