@@ -63,6 +63,10 @@ from flwr_pfl.errors import ReplyError
 from flwr_pfl.strategies.base import PFLStrategy
 from flwr_pfl.strategies.validation import ClientReply, Scalar, check_arrays
 
+#: head size above which second-order aggregation is warned about (P = N (k + 1); the paper
+#: found SA unstable from k = 64 with 10 classes, P = 650)
+SA_COMFORTABLE_PARAMS = 400
+
 NDArrays = list[np.ndarray]
 
 PHASE_KEY = "feddar-phase"
@@ -264,6 +268,7 @@ class FedDAR(DomainCountingStrategy):
     ) -> None:
         super().__init__(reweight=reweight, **kwargs)
         self.aggregation = core.HeadAggregation(aggregation)
+        self._warned_large_heads = False
         self.hessian_at = core.HessianAt(hessian_at)
         self.sa_options = sa_options or core.SAOptions()
         self.head_epochs, self.rep_epochs = head_epochs, rep_epochs
@@ -393,6 +398,14 @@ class FedDAR(DomainCountingStrategy):
     def aggregate_heads(self, server_round: int, replies: list[ClientReply]) -> dict[str, float]:
         """Aggregate the accepted local heads into the global heads; returns diagnostics."""
         prev = self.global_heads()
+        if self.aggregation is core.HeadAggregation.SA and not self._warned_large_heads:
+            self._warned_large_heads = True
+            pooled = min(int(np.stack([r.arrays[1] for r in replies]).sum(0).min()), 10**9)
+            if self.layout.num_params > SA_COMFORTABLE_PARAMS or self.layout.num_params > pooled:
+                log(WARNING, "FedDAR-SA with heads of P = %d parameters (feature width %d): the summed "
+                    "Hessians are large and often ill-posed (smallest domain: %d samples this round); "
+                    "the paper projects to a small representation: set feature-dim <= 16 or use WA",
+                    self.layout.num_params, self.layout.feature_dim, pooled)
         heads = np.stack([r.arrays[0] for r in replies])
         counts = np.stack([r.arrays[1] for r in replies])
         hessians = np.stack([r.arrays[2] for r in replies]) if self.aggregation is core.HeadAggregation.SA else None
