@@ -632,6 +632,29 @@ def fmtl_head_loss(
     Returns:
         scalar tensor (differentiable in ``outputs``).
     """
+    return fmtl_per_sample_loss(
+        outputs, task_ids, targets, head_loss=head_loss, augmentation=augmentation
+    ).mean()
+
+
+def fmtl_per_sample_loss(
+    outputs: torch.Tensor,
+    task_ids: torch.Tensor,
+    targets: torch.Tensor | None = None,
+    *,
+    head_loss: HeadLoss = HeadLoss.CE,
+    augmentation: Augmentation = Augmentation.AUGMENTED,
+) -> torch.Tensor:
+    """:func:`fmtl_head_loss` split into one term per sample, for a generic training loop.
+
+    (:func:`fmtl_head_loss` is the mean of this; the checks live here.)
+
+    Returns an (n_i,) tensor whose mean equals ``fmtl_head_loss(outputs, task_ids, targets)``
+    (eqs. 5/7 with ``AUGMENTED``, eq. 3 with ``ORIGINAL``), so a loop that averages per-sample
+    losses over a mini-batch optimizes the augmented objective on that batch: entry j is
+    n_i * sum_c Omega[j, c] l(out[j, c], Y[j, c]) (for ``CE``, the cross-entropy of sample j).
+    Same arguments and checks as :func:`fmtl_head_loss`.
+    """
     head_loss = HeadLoss(head_loss)
     augmentation = Augmentation(augmentation)
     if outputs.ndim != 2:
@@ -654,42 +677,7 @@ def fmtl_head_loss(
                 "head_loss='ce' is always augmented (the softmax couples all heads); use "
                 "augmentation='augmented', or head_loss 'mse_onehot'/'bce_ovr' for 'original'"
             )
-        return F.cross_entropy(outputs, task_ids.to(torch.int64))
-    y_aug, omega = augmented_targets(
-        targets if head_loss is HeadLoss.MSE else None, task_ids, num_tasks, augmentation
-    )
-    y_aug = y_aug.to(outputs.dtype)
-    omega = omega.to(outputs.dtype)
-    if head_loss is HeadLoss.BCE_OVR:
-        per_sample = F.binary_cross_entropy_with_logits(outputs, y_aug, reduction="none")
-    else:
-        per_sample = (outputs - y_aug) ** 2
-    return (omega * per_sample).sum()
-
-
-def fmtl_per_sample_loss(
-    outputs: torch.Tensor,
-    task_ids: torch.Tensor,
-    targets: torch.Tensor | None = None,
-    *,
-    head_loss: HeadLoss = HeadLoss.CE,
-    augmentation: Augmentation = Augmentation.AUGMENTED,
-) -> torch.Tensor:
-    """:func:`fmtl_head_loss` split into one term per sample, for a generic training loop.
-
-    Returns an (n_i,) tensor whose mean equals ``fmtl_head_loss(outputs, task_ids, targets)``
-    (eqs. 5/7 with ``AUGMENTED``, eq. 3 with ``ORIGINAL``), so a loop that averages per-sample
-    losses over a mini-batch optimizes the augmented objective on that batch: entry j is
-    n_i * sum_c Omega[j, c] l(out[j, c], Y[j, c]) (for ``CE``, the cross-entropy of sample j).
-    Same arguments and checks as :func:`fmtl_head_loss`.
-    """
-    head_loss = HeadLoss(head_loss)
-    augmentation = Augmentation(augmentation)
-    fmtl_head_loss(outputs.detach(), task_ids, None if targets is None else targets.detach(),
-                   head_loss=head_loss, augmentation=augmentation)  # validates the inputs
-    if head_loss is HeadLoss.CE:
         return F.cross_entropy(outputs, task_ids.to(torch.int64), reduction="none")
-    n, num_tasks = outputs.shape
     y_aug, omega = augmented_targets(
         targets if head_loss is HeadLoss.MSE else None, task_ids, num_tasks, augmentation
     )
