@@ -19,7 +19,9 @@ from typing import Any
 from flwr_pfl.data.registry import available_datasets
 from flwr_pfl.errors import ConfigError
 
-PARTITIONERS = ("iid", "dirichlet", "pathological", "domain-mixture", "one-domain-per-client")
+PARTITIONERS = (
+    "iid", "dirichlet", "pathological", "domain-mixture", "one-domain-per-client", "domain-dirichlet",
+)
 DOMAIN_TRANSFORMS = ("none", "rotation", "color", "corruption")
 
 
@@ -36,7 +38,9 @@ class DataConfig:
         download [download]: let torchvision download a missing dataset (needs internet).
         partitioner [partitioner]: how samples are dealt to clients: iid, dirichlet (label
             skew), pathological (k classes per client), domain-mixture (Dirichlet domain mix,
-            fixed size), one-domain-per-client.
+            fixed size), one-domain-per-client (client k holds domain k mod M, split IID among
+            that domain's clients), domain-dirichlet (the same, split with Dirichlet
+            ``dirichlet_alpha`` label skew among that domain's clients).
         dirichlet_alpha [dirichlet-alpha]: concentration of the label-skew Dirichlet, > 0.
         classes_per_client [classes-per-client]: labels per client for pathological, >= 1.
         domain_transform [domain-transform]: none, rotation, color or corruption; turns one

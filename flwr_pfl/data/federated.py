@@ -33,7 +33,7 @@ from flwr_pfl.data.splits import SplitIndices, split_indices
 from flwr_pfl.data.types import ArraySplit, ClientData
 from flwr_pfl.errors import ConfigError
 
-LABEL_PARTITIONERS = ("dirichlet", "pathological")
+LABEL_PARTITIONERS = ("dirichlet", "pathological", "domain-dirichlet")
 
 
 @dataclass(frozen=True, eq=False)

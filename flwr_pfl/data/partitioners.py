@@ -8,7 +8,8 @@ its ``Partitioner``, so Flower users can use them in a ``FederatedDataset`` too:
   p the pooled domain distribution (FedDAR's controlled mixtures), and exactly
   ``samples_per_partition`` samples without replacement across clients.
 * :class:`OneDomainPerClientPartitioner`: client k holds domain k mod M (Rotated MNIST in FEDORA,
-  one corruption per client in pFedFDA); the clients of a domain split it IID.
+  one corruption per client in pFedFDA); the clients of a domain split it IID, or with
+  Dirichlet label skew (``domain-dirichlet``).
 
 :func:`partition_indices` runs any of them on arrays (an in-memory ``datasets.Dataset`` with
 columns idx, label and domain) and reads back the idx column. Nothing is fetched from the
@@ -146,16 +147,42 @@ class DomainMixturePartitioner(IndexPartitioner):
 
 
 class OneDomainPerClientPartitioner(IndexPartitioner):
-    """Client k holds only the (k mod M)-th domain; the clients sharing a domain split it IID.
+    """Client k holds only the (k mod M)-th domain; the clients sharing a domain split it.
+
+    By default they split it IID. With ``label_alpha``, they split it with label skew: for each
+    class of the domain, the class's samples are dealt to the domain's clients in proportions
+    drawn from Dir(label_alpha), as Flower's Dirichlet partitioner does for a whole dataset
+    (pFedFDA's setting: covariate shift per client plus Dirichlet label skew).
 
     With fewer clients than domains, the domains without a client are left out (with a
     warning).
     """
 
-    def __init__(self, num_partitions: int, partition_by: str = "domain", seed: int = 42) -> None:
+    def __init__(
+        self,
+        num_partitions: int,
+        partition_by: str = "domain",
+        seed: int = 42,
+        label_alpha: float | None = None,
+        label_column: str = "label",
+    ) -> None:
         super().__init__(num_partitions, partition_by, seed)
+        if label_alpha is not None and not label_alpha > 0:
+            raise ValueError(f"label_alpha must be > 0 (or None for IID); got {label_alpha}")
+        self._label_alpha = label_alpha
+        self._label_column = label_column
+
+    def partition_indices(self) -> list[np.ndarray]:
+        """Row indices of every partition (computed once)."""
+        if self._indices is None:
+            labels = _column(self.dataset, self._label_column) if self._label_alpha else None
+            self._indices = self._split(_column(self.dataset, self._partition_by), labels)
+        return self._indices
 
     def _assign(self, groups: np.ndarray) -> list[np.ndarray]:
+        return self._split(groups, None)
+
+    def _split(self, groups: np.ndarray, labels: np.ndarray | None) -> list[np.ndarray]:
         rng = np.random.default_rng(self._seed)
         domains = np.unique(groups)
         if self._num_partitions < len(domains):
@@ -167,10 +194,28 @@ class OneDomainPerClientPartitioner(IndexPartitioner):
         parts: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * self._num_partitions
         for m, d in enumerate(domains):
             clients = list(range(m, self._num_partitions, len(domains)))
-            chunks = np.array_split(rng.permutation(np.flatnonzero(groups == d)), len(clients) or 1)
+            if not clients:
+                continue
+            rows = rng.permutation(np.flatnonzero(groups == d))
+            if labels is None:
+                chunks = np.array_split(rows, len(clients))
+            else:
+                chunks = self._label_skewed(rows, labels[rows], len(clients), rng)
             for k, chunk in zip(clients, chunks):
                 parts[k] = chunk
         return parts
+
+    def _label_skewed(
+        self, rows: np.ndarray, labels: np.ndarray, num_clients: int, rng: np.random.Generator
+    ) -> list[np.ndarray]:
+        """Deal each class of ``rows`` to ``num_clients`` clients in Dir(label_alpha) shares."""
+        shares: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+        for c in np.unique(labels):
+            members = rows[labels == c]
+            counts = apportion(len(members), rng.dirichlet(np.full(num_clients, self._label_alpha)))
+            for k, piece in enumerate(np.split(members, np.cumsum(counts)[:-1])):
+                shares[k].append(piece)
+        return [np.sort(np.concatenate(pieces)) for pieces in shares]
 
 
 def make_partitioner(config: DataConfig, num_partitions: int, num_samples: int) -> Partitioner:
@@ -203,6 +248,8 @@ def make_partitioner(config: DataConfig, num_partitions: int, num_samples: int) 
         return DomainMixturePartitioner(
             num_partitions, config.samples_per_client, config.domain_alpha, seed=seed
         )
+    if config.partitioner == "domain-dirichlet":
+        return OneDomainPerClientPartitioner(num_partitions, seed=seed, label_alpha=config.dirichlet_alpha)
     return OneDomainPerClientPartitioner(num_partitions, seed=seed)
 
 

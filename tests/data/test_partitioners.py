@@ -129,6 +129,25 @@ def test_one_domain_per_client() -> None:
         assert sum(sizes) == size and max(sizes) - min(sizes) <= 1
 
 
+def test_domain_dirichlet_keeps_one_domain_per_client_and_skews_labels() -> None:
+    skewed = split(12, partitioner="domain-dirichlet", dirichlet_alpha=0.1)
+    even = split(12, partitioner="domain-dirichlet", dirichlet_alpha=100.0)
+    iid = split(12, partitioner="one-domain-per-client")
+    for parts in (skewed, even):
+        assert_disjoint(parts, cover=True)
+        for k, p in enumerate(parts):
+            assert set(DOMAINS[p].tolist()) == {k % 4}
+        for m, size in enumerate([1200, 900, 600, 300]):  # each domain dealt whole to its clients
+            assert sum(len(p) for k, p in enumerate(parts) if k % 4 == m) == size
+    assert label_entropy(skewed) < 1.5 < 2.2 < label_entropy(even)
+    assert abs(label_entropy(even) - label_entropy(iid)) < 0.05
+
+
+def test_domain_dirichlet_is_a_label_partitioner() -> None:
+    with pytest.raises(ValueError, match="label_alpha"):
+        OneDomainPerClientPartitioner(4, label_alpha=0.0)
+
+
 def test_one_domain_per_client_warns_about_unused_domains() -> None:
     with pytest.warns(UserWarning, match=r"domains \[2, 3\] get no client"):
         parts = partition_indices(OneDomainPerClientPartitioner(2), LABELS, DOMAINS, seed=0)
@@ -144,6 +163,7 @@ def test_one_domain_per_client_warns_about_unused_domains() -> None:
         {"partitioner": "pathological"},
         {"partitioner": "domain-mixture", "samples_per_client": 50},
         {"partitioner": "one-domain-per-client"},
+        {"partitioner": "domain-dirichlet"},
     ],
 )
 def test_seeded(changes: dict) -> None:
