@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from flwr_pfl.errors import ConfigError
@@ -46,6 +46,18 @@ def _coerce(key: str, value: Any, kind: Any) -> Any:
             raise ConfigError(f"{key}={value!r} must be a string (quote it: {key}='...')")
         return value
     raise TypeError(f"unsupported config field type {kind!r} for {key}")
+
+
+def check_choice(key: str, value: str, allowed: Sequence[str]) -> None:
+    """Raise ConfigError unless ``value`` is one of ``allowed``; the message lists them.
+
+    An empty string among ``allowed`` means "the preset's value" and is shown as such.
+    """
+    if value not in allowed:
+        shown = ", ".join(repr(a) for a in allowed if a)
+        if "" in allowed:
+            shown += ' or "" (the preset\'s)'
+        raise ConfigError(f"{key}={value!r} is not allowed; choose one of {shown}")
 
 
 def parse_section(cls: type[T], raw: Mapping[str, Any], prefix: str = "") -> T:

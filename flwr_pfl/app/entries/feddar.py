@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from flwr_pfl.app.keys import check_choice
 from flwr_pfl.app.registry import AlgorithmSpec, register
 from flwr_pfl.clients.feddar import FedDARClient, ReweightedFedAvgClient, SeparateFedAvgClient
 from flwr_pfl.core import feddar as core
@@ -18,11 +19,6 @@ from flwr_pfl.errors import ConfigError
 from flwr_pfl.strategies.feddar import FedAvgMultiHead, FedDAR, ReweightedFedAvg, SeparateFedAvg
 
 register_feddar_synthetic()
-
-
-def _choice(field: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"feddar.{field}={value!r} is not allowed; allowed: {', '.join(allowed)}")
 
 
 @dataclass(frozen=True)
@@ -84,11 +80,11 @@ class FedDAROptions:
     max_hessian_params: int = 4096
 
     def __post_init__(self) -> None:
-        _choice("aggregation", self.aggregation, tuple(a.value for a in core.HeadAggregation))
-        _choice("head-solver", self.head_solver, ("gd", "lstsq"))
-        _choice("hessian-at", self.hessian_at, tuple(a.value for a in core.HessianAt))
-        _choice("sa-weighting", self.sa_weighting, tuple(a.value for a in core.SAWeighting))
-        _choice("sa-solver", self.sa_solver, tuple(a.value for a in core.SASolver))
+        check_choice("feddar.aggregation", self.aggregation, tuple(a.value for a in core.HeadAggregation))
+        check_choice("feddar.head-solver", self.head_solver, ("gd", "lstsq"))
+        check_choice("feddar.hessian-at", self.hessian_at, tuple(a.value for a in core.HessianAt))
+        check_choice("feddar.sa-weighting", self.sa_weighting, tuple(a.value for a in core.SAWeighting))
+        check_choice("feddar.sa-solver", self.sa_solver, tuple(a.value for a in core.SASolver))
         for field, value, low in (
             ("head-epochs", self.head_epochs, 0), ("rep-epochs", self.rep_epochs, 0),
             ("lr-decay-round", self.lr_decay_round, 0), ("warmup-rounds", self.warmup_rounds, 0),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from flwr_pfl.app.keys import check_choice
 from flwr_pfl.app.registry import AlgorithmSpec, register
 from flwr_pfl.clients.fedora import FEDORAClient
 from flwr_pfl.core import fedora as core
@@ -94,16 +95,16 @@ class FedoraOptions:
     eval_every: int = 1
 
     def __post_init__(self) -> None:
-        _choice("preset", self.preset, PRESETS)
-        _choice("graph-transform", self.graph_transform, ("", "exp", "identity"))
-        _choice("self-loops", self.self_loops, ("", "on", "off"))
-        _choice("solver", self.solver, ("closed_form", "iterative"))
-        _choice("lambda-rule", self.lambda_rule, ("", "paper", "official", "constant"))
-        _choice("on-nonfinite", self.on_nonfinite, ("no_transfer", "raise"))
-        _choice("prox-mode", self.prox_mode, ("", "loss", "post_step"))
-        _choice("val-metric", self.val_metric, ("loss", "error_rate"))
-        _choice("val-reduction", self.val_reduction, ("", "mean", "sum_of_batch_means"))
-        _choice("report-round", self.report_round, REPORT_ROUNDS)
+        check_choice("fedora.preset", self.preset, PRESETS)
+        check_choice("fedora.graph-transform", self.graph_transform, ("", "exp", "identity"))
+        check_choice("fedora.self-loops", self.self_loops, ("", "on", "off"))
+        check_choice("fedora.solver", self.solver, ("closed_form", "iterative"))
+        check_choice("fedora.lambda-rule", self.lambda_rule, ("", "paper", "official", "constant"))
+        check_choice("fedora.on-nonfinite", self.on_nonfinite, ("no_transfer", "raise"))
+        check_choice("fedora.prox-mode", self.prox_mode, ("", "loss", "post_step"))
+        check_choice("fedora.val-metric", self.val_metric, ("loss", "error_rate"))
+        check_choice("fedora.val-reduction", self.val_reduction, ("", "mean", "sum_of_batch_means"))
+        check_choice("fedora.report-round", self.report_round, REPORT_ROUNDS)
         for key, value, low in (("p", self.p, 1), ("top-k", self.top_k, -1), ("num-iterations", self.num_iterations, 0),
                                 ("val-batch-size", self.val_batch_size, 1), ("eval-every", self.eval_every, 1)):
             if value < low:
@@ -167,12 +168,6 @@ class FedoraOptions:
             ),
             training=base.training,
         )
-
-
-def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        shown = ", ".join(repr(a) for a in allowed if a) + (' or "" (the preset\'s)' if "" in allowed else "")
-        raise ConfigError(f"fedora.{key}={value!r} is not allowed; choose one of {shown}")
 
 
 def client_kwargs(options: FedoraOptions) -> dict[str, object]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from flwr_pfl.app.keys import check_choice
 from flwr_pfl.app.registry import AlgorithmSpec, register
 from flwr_pfl.clients.fmtl import FedFMTLClient
 from flwr_pfl.core.fmtl import (
@@ -75,9 +76,7 @@ class FMTLOptions:
             ("head_layout", list(HEAD_LAYOUTS)),
             ("upload", list(UPLOADS)),
         ):
-            value = getattr(self, name)
-            if value not in allowed:
-                raise ConfigError(f"{_key(name)}={value!r} is not allowed; allowed: {', '.join(allowed)}")
+            check_choice(_key(name), getattr(self, name), allowed)
         for name, low in (("t1_rounds", 0), ("min_count", 1), ("phase2_epochs", 0), ("eq10_restarts", 0)):
             if getattr(self, name) < low:
                 raise ConfigError(f"{_key(name)}={getattr(self, name)} is out of range; must be >= {low}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from flwr_pfl.app.keys import check_choice
 from flwr_pfl.app.registry import AlgorithmSpec, register
 from flwr_pfl.clients.pfedfda import STATS_SOURCES, PFedFDAClient
 from flwr_pfl.core.pfedfda import BetaMode, BetaSolver, PFedFDAConfig
@@ -87,12 +88,12 @@ class PFedFDAOptions:
     packed_cov: bool = False
 
     def __post_init__(self) -> None:
-        _choice("preset", self.preset, PRESETS)
-        _choice("beta-mode", self.beta_mode, ("", *(m.value for m in BetaMode)), '"" (the preset\'s)')
-        _choice("beta-solver", self.beta_solver, ("", *(s.value for s in BetaSolver)), '"" (the preset\'s)')
-        _choice("stats-source", self.stats_source, STATS_SOURCES)
-        _choice("sampling", self.sampling, SAMPLING_MODES)
-        _choice("mean-init", self.mean_init, ("uniform", "gaussian"))
+        check_choice("pfedfda.preset", self.preset, PRESETS)
+        check_choice("pfedfda.beta-mode", self.beta_mode, ("", *(m.value for m in BetaMode)))
+        check_choice("pfedfda.beta-solver", self.beta_solver, ("", *(s.value for s in BetaSolver)))
+        check_choice("pfedfda.stats-source", self.stats_source, STATS_SOURCES)
+        check_choice("pfedfda.sampling", self.sampling, SAMPLING_MODES)
+        check_choice("pfedfda.mean-init", self.mean_init, ("uniform", "gaussian"))
         _number("beta-fixed", self.beta_fixed, 0.0, 1.0)
         _number("lda-shrinkage", self.lda_shrinkage, 0.0, 1.0, high_open=True)
         _number("prior-eps", self.prior_eps, 0.0)
@@ -141,12 +142,6 @@ class PFedFDAOptions:
         if self.cov_const_add != -1.0:
             flat["cov_const_add"] = self.cov_const_add
         return PFedFDAConfig.from_flat(flat, base=base)
-
-
-def _choice(key: str, value: str, allowed: tuple[str, ...], note: str = "") -> None:
-    if value not in allowed:
-        shown = ", ".join(repr(a) for a in allowed if a) + (f" or {note}" if note else "")
-        raise ConfigError(f"pfedfda.{key}={value!r} is not allowed; choose one of {shown}")
 
 
 def _number(key: str, value: float, low: float, high: float | None = None, *, high_open: bool = False, extra: str = "") -> None:
