@@ -3,11 +3,14 @@
 The benchmark's workload has no target and no algorithm options; FedGP and FedDA run there with
 their defaults (the last client is the target; 2 warm-up rounds). This wrapper adds variants named
 ``<algorithm>-auto`` (``auto-weight = true``) and ``<algorithm>-nowarmup`` (``warmup-rounds = 0``,
-so every round is an FDA round and the projection's cost shows in every round), and otherwise
-runs the benchmark unchanged:
+so every round is an FDA round and the projection's cost shows in every round) and
+``<algorithm>-auto-target`` (auto-weighting with ``placement = "target"``: every FDA round takes
+two server rounds, so the variant runs 2 x ``--rounds`` server rounds and its figures are still
+per FDA round), and otherwise runs the benchmark unchanged:
 
     python simulations/fedgp_benchmark.py --data-dir ~/.cache/flwr_pfl/data \\
-        --algorithms fedavg fedgp-nowarmup fedgp-auto fedda-nowarmup fedda-auto --out docs/benchmark/fedgp
+        --algorithms fedavg fedgp-nowarmup fedgp-auto fedgp-auto-target fedda-nowarmup fedda-auto \\
+        --out docs/benchmark/fedgp
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ _workload = benchmark.workload
 VARIANTS = {
     "auto": {"auto-weight": True, "warmup-rounds": 0, "target-batch-size": 8},
     "nowarmup": {"warmup-rounds": 0},
+    "auto-target": {"auto-weight": True, "warmup-rounds": 0, "target-batch-size": 8, "placement": "target"},
 }
 
 
@@ -34,6 +38,8 @@ def workload(args, algorithm: str):
     config = _workload(args, base)
     config["run-name"] = algorithm
     config |= {f"{base}.{k}": v for k, v in VARIANTS[variant].items()}
+    if VARIANTS[variant].get("placement") == "target":
+        config["num-server-rounds"] = 2 * args.rounds  # two server rounds per FDA round
     return config
 
 

@@ -17,6 +17,7 @@ train loop's ``after_step`` hook.
 from __future__ import annotations
 
 import dataclasses
+import json
 from logging import WARNING
 
 import numpy as np
@@ -26,7 +27,18 @@ from flwr.common import log
 from torch.utils.data import DataLoader, Subset
 
 from flwr_pfl.clients.base import Config, LocalData, NDArrays, PFLClient, TrainConfig
-from flwr_pfl.core.fedgp import FDAConfig, prepare_step_updates, summarize_step_updates, tensor_roles
+from flwr_pfl.core.fedgp import (
+    FDAConfig,
+    SourceUpdate,
+    Stage,
+    TargetUpdate,
+    TensorRole,
+    fda_round,
+    model_delta,
+    prepare_step_updates,
+    summarize_step_updates,
+    tensor_roles,
+)
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.models.base import EncoderHeadModel
 from flwr_pfl.training import get_arrays, seed_everything
@@ -48,6 +60,8 @@ class FedGPClient(PFLClient):
         target_partition: partition id of the target; -1 = the last partition.
         target_train_samples: labelled training samples the target uses (0 = its whole
             training split); fewer available is a ConfigError.
+        target_train_fraction: instead of a count, this fraction of its training split
+            (rounded, at least 1; 0 = unused).
         target_lr_ratio: lr_T / lr_S (DomainBed code 0.2; Fashion-MNIST / CIFAR-10 code 0.5).
         target_batch_size: the target's batch size (0 = the run's batch size).
 
@@ -67,6 +81,7 @@ class FedGPClient(PFLClient):
         *,
         target_partition: int = -1,
         target_train_samples: int = 0,
+        target_train_fraction: float = 0.0,
         target_lr_ratio: float = 0.5,
         target_batch_size: int = 16,
     ) -> None:
@@ -76,6 +91,11 @@ class FedGPClient(PFLClient):
         self.target_lr_ratio = float(target_lr_ratio)
         self.is_target = self._role(context, target_partition)
         if self.is_target:
+            if not 0.0 <= target_train_fraction <= 1.0:
+                raise ConfigError(f"target-train-fraction={target_train_fraction} must lie in [0, 1] (0 = unused)")
+            if target_train_fraction > 0:
+                available = len(data.train.dataset)  # type: ignore[arg-type]
+                target_train_samples = max(1, round(target_train_fraction * available)) if available else 0
             self.data = self._target_data(data, target_train_samples, target_batch_size)
 
     def _role(self, context: Context, target_partition: int) -> bool:
@@ -119,8 +139,17 @@ class FedGPClient(PFLClient):
         return dataclasses.replace(data, train=DataLoader(dataset, batch_size=bs, shuffle=True))
 
     # ---------------------------------------------------------------- NumPyClient
+    def round_seed(self, config: Config) -> int:
+        """Seeded by ``fedgp.seed-round`` when sent (W + r, the same under both placements)."""
+        if "fedgp.seed-round" in config:
+            config = {**config, "server-round": int(config["fedgp.seed-round"])}
+        return super().round_seed(config)
+
     def fit(self, parameters: NDArrays, config: Config) -> tuple[NDArrays, int, Config]:
-        self.receive(parameters)
+        aggregates = self.is_target and config.get("fedgp.stage") == Stage.TARGET.value
+        n_model = len(self.model.state_dict())
+        glob = list(parameters[:n_model]) if aggregates else list(parameters)
+        self.receive(glob)
         seed_everything(self.round_seed(config))
         n = len(self.data.train.dataset)  # type: ignore[arg-type]
         flags = buffer_flags(self.model)
@@ -147,6 +176,11 @@ class FedGPClient(PFLClient):
         arrays = self.get_parameters(config)
         metrics: Config = {**base, "num_steps": stats.steps, "lr": optimizer.learning_rate,
                            "train_loss": stats.loss, "train_seconds": stats.seconds, "n_model_arrays": len(arrays)}
+        if aggregates:
+            cfg = fda_config_from(config)
+            g = self._step_matrix(steps, arrays, flags, cfg) if record else None
+            new_global, extra = aggregate_as_target(glob, parameters[n_model:], arrays, g, cfg, flags, config, metrics)
+            return new_global, n, {**metrics, **extra}
         if record:
             max_rows = int(config.get("fedgp.max-step-updates", 0))
             cfg = FDAConfig(
@@ -154,13 +188,7 @@ class FedGPClient(PFLClient):
                 scalar_role=str(config.get("fedgp.scalar-role", "fedavg")),
                 max_step_updates=max_rows or None,
             )
-            roles = tensor_roles(arrays, cfg, flags)
-            if not steps:
-                log(WARNING, "target took no optimizer step; no step updates to send")
-                m = sum(a.size for a, r in zip(arrays, roles) if r.value == "aggregate")
-                g = np.zeros((0, m), dtype=np.float32)
-            else:
-                g = prepare_step_updates(steps, roles, cfg)
+            g = self._step_matrix(steps, arrays, flags, cfg)
             if config.get("fedgp.step-upload", "matrix") == "summary":
                 metrics["step_rows"] = int(g.shape[0])
                 if g.shape[0] >= 2:
@@ -169,6 +197,71 @@ class FedGPClient(PFLClient):
                 arrays = arrays + [g]
         return arrays, n, metrics
 
+    @staticmethod
+    def _step_matrix(steps: list[NDArrays], arrays: NDArrays, flags: list[bool], cfg: FDAConfig) -> np.ndarray:
+        """The recorded per-step updates as the B' x m matrix of the aggregated tensors."""
+        roles = tensor_roles(arrays, cfg, flags)
+        if not steps:
+            log(WARNING, "target took no optimizer step; no step updates to use")
+            m = sum(a.size for a, r in zip(arrays, roles) if r is TensorRole.AGGREGATE)
+            return np.zeros((0, m), dtype=np.float32)
+        return prepare_step_updates(steps, roles, cfg)
+
     def evaluate(self, parameters: NDArrays, config: Config) -> tuple[float, int, Config]:
         loss, n, metrics = super().evaluate(parameters, config)
         return loss, n, {**metrics, "is_target": int(self.is_target)}
+
+
+def fda_config_from(config: Config) -> FDAConfig:
+    """The aggregation options the server sent as ``fedgp.cfg.<option>`` (target placement)."""
+    prefix = "fedgp.cfg."
+    values = {k[len(prefix):]: v for k, v in config.items() if k.startswith(prefix)}
+    if not values:
+        raise ValueError("the target was asked to aggregate but the instructions carry no fedgp.cfg.* options")
+    return FDAConfig.from_scalars(values)
+
+
+def aggregate_as_target(
+    glob: NDArrays,
+    source_arrays: NDArrays,
+    trained: NDArrays,
+    step_matrix: np.ndarray | None,
+    cfg: FDAConfig,
+    flags: list[bool],
+    config: Config,
+    train_metrics: Config,
+) -> tuple[NDArrays, Config]:
+    """Target placement (App. C.1 / C.4): the new global model from the target's own update
+    and the sources' models the server forwarded, by the same
+    :func:`~flwr_pfl.core.fedgp.fda_round` the server runs under the server placement.
+
+    Returns:
+        the new global arrays and metrics ``fda.<name>_s<j>`` (j = the source's position in
+        the order received).
+
+    Raises:
+        ValueError: the payload does not hold one model per source described in
+            ``fedgp.sources`` (the server then counts this client as failed).
+    """
+    meta = json.loads(str(config.get("fedgp.sources", "[]")))
+    n_model = len(glob)
+    if len(source_arrays) != n_model * len(meta):
+        raise ValueError(
+            f"target placement: received {len(source_arrays)} source arrays for {len(meta)} sources "
+            f"of {n_model} arrays each"
+        )
+    if not meta:
+        log(WARNING, "target placement: no source models this round; the target's model becomes the global model")
+        return trained, {}
+    sources = [
+        SourceUpdate(model_delta(source_arrays[i * n_model : (i + 1) * n_model], glob), float(m["n"]), float(m["lr"]), int(m["steps"]))
+        for i, m in enumerate(meta)
+    ]
+    target = TargetUpdate(
+        model_delta(trained, glob), lr=float(train_metrics["lr"]), steps=int(train_metrics["num_steps"]), step_matrix=step_matrix
+    )
+    result = fda_round(glob, target, sources, cfg, tensor_roles(glob, cfg, flags))
+    for note in result.notes:
+        log(WARNING, "%s", note)
+    stats = result.metrics([f"s{j}" for j in range(len(sources))])
+    return result.new_global, {f"fda.{k}": v for k, v in stats.items()}

@@ -178,6 +178,35 @@ class Phase(str, Enum):
     FDA = "fda"
 
 
+class Placement(str, Enum):
+    """Who combines the updates (Section 3.1).
+
+    * ``server`` (default, Algorithm 1): every client trains in the same round and the server
+      aggregates; in auto mode the target uploads its B step updates (B x m floats).
+    * ``target`` (App. C.1 / C.4, the authors' choice for few sources): each FDA round takes two
+      server rounds. In the first only the sources train; in the second the server sends the
+      target the global model and the sources' models (shuffled), and the target trains,
+      computes the betas from its in-memory step updates, aggregates and returns the new global
+      model. The mathematics is identical; the B x m upload becomes an N x m download.
+    """
+
+    SERVER = "server"
+    TARGET = "target"
+
+
+class Stage(str, Enum):
+    """Who trains in an FDA server round (see :class:`Placement`).
+
+    ``all``: sources and target, the server aggregates (server placement). ``sources``: the
+    sources only, their models are kept for the next round (target placement, first half).
+    ``target``: the target only, it aggregates (target placement, second half).
+    """
+
+    ALL = "all"
+    SOURCES = "sources"
+    TARGET = "target"
+
+
 class Preset(str, Enum):
     """Named bundles of options, see :func:`fda_preset`."""
 
@@ -247,6 +276,8 @@ class FDAConfig:
             code, and other per-dataset factors in the paper, C.3/C.4).
         max_step_updates: at most this many rows of target step updates are kept, by averaging
             consecutive steps (:func:`group_step_updates`); None (default) keeps all B.
+        placement: ``server`` (default, Algorithm 1) or ``target`` (App. C.1 / C.4: two server
+            rounds per FDA round, the target aggregates); see :class:`Placement`.
     """
 
     rule: Rule = Rule.FEDGP
@@ -265,9 +296,11 @@ class FDAConfig:
     warmup_rounds: int = 2
     lr_decay_after_warmup: float = 1.0
     max_step_updates: int | None = None
+    placement: Placement = Placement.SERVER
 
     def __post_init__(self) -> None:
         enums = {
+            "placement": Placement,
             "rule": Rule,
             "projection": Projection,
             "granularity": Granularity,
@@ -297,6 +330,31 @@ class FDAConfig:
         k = self.max_step_updates
         if k is not None and (isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 2):
             raise ValueError(f"max_step_updates must be None or an integer >= 2; got {k!r}")
+
+    def to_scalars(self) -> dict[str, bool | int | float | str]:
+        """The options as plain scalars (enums as their values, ``max_step_updates`` None as 0),
+        e.g. for a Flower config sent to the target under the target placement."""
+        out: dict[str, bool | int | float | str] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = v.value if isinstance(v, Enum) else (0 if v is None else v)
+        return out
+
+    @classmethod
+    def from_scalars(cls, values: dict[str, Any]) -> FDAConfig:
+        """Inverse of :meth:`to_scalars`; every value is validated as in the constructor.
+
+        Raises:
+            ValueError: an unknown option or an invalid value.
+        """
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown FDAConfig option(s) {unknown}; allowed: {sorted(known)}")
+        v = dict(values)
+        if v.get("max_step_updates") == 0:
+            v["max_step_updates"] = None
+        return cls(**v)
 
 
 def fda_preset(preset: Preset | str, *, rule: Rule | str, auto_weight: bool, **overrides: Any) -> FDAConfig:
@@ -373,38 +431,59 @@ class RoundPlan:
         phase: ``warmup`` or ``fda``.
         fda_round: 0 during warm-up, then 1, 2, ... (the paper's r).
         lr_scale: factor on every client's learning rate this round.
-        target_trains: whether the target client trains (not during warm-up).
+        stage: who trains in an FDA round (:class:`Stage`); ``all`` during warm-up (the
+            sources train, the target idles).
+        target_trains: whether the target client trains (FDA rounds of stage ``all`` or
+            ``target``).
+        sources_train: whether the sources train (warm-up, and stages ``all`` / ``sources``).
         record_step_updates: whether the target must record its per-step updates (auto mode,
-            FDA rounds).
+            whenever the target trains).
+        seed_round: the server round the same training has under the server placement, W + r;
+            clients derive their seeds from it, so that both placements train identically.
     """
 
     phase: Phase
     fda_round: int
     lr_scale: float
+    stage: Stage
     target_trains: bool
+    sources_train: bool
     record_step_updates: bool
+    seed_round: int
 
 
 def plan_round(server_round: int, config: FDAConfig) -> RoundPlan:
-    """The phase, lr factor and target duties of Flower round ``server_round`` (1-based).
+    """The phase, lr factor and duties of server round ``server_round`` (1-based).
 
     Rounds 1..W are FedAvg over the sources only (App. C.2 "initialization": W = 2, or 5 for
-    TerraIncognita); rounds W+1.. are FDA rounds, with the learning rates multiplied by
-    ``config.lr_decay_after_warmup`` (C.3/C.4, auto variants).
+    TerraIncognita); the rounds after are FDA rounds, with the learning rates multiplied by
+    ``config.lr_decay_after_warmup`` (C.3/C.4, auto variants). With the ``server`` placement
+    server round W + r is FDA round r; with the ``target`` placement FDA round r takes server
+    rounds W + 2r - 1 (sources) and W + 2r (target).
 
     Raises:
         ValueError: ``server_round`` is not an integer >= 1.
     """
     if isinstance(server_round, bool) or not isinstance(server_round, (int, np.integer)) or server_round < 1:
         raise ValueError(f"server_round must be an integer >= 1 (Flower counts from 1); got {server_round!r}")
-    if server_round <= config.warmup_rounds:
-        return RoundPlan(Phase.WARMUP, 0, 1.0, target_trains=False, record_step_updates=False)
+    w = config.warmup_rounds
+    if server_round <= w:
+        return RoundPlan(Phase.WARMUP, 0, 1.0, Stage.ALL, False, True, False, int(server_round))
+    k = int(server_round) - w
+    if config.placement is Placement.SERVER:
+        fda_round, stage = k, Stage.ALL
+    else:
+        fda_round, stage = (k + 1) // 2, (Stage.SOURCES if k % 2 else Stage.TARGET)
+    target_trains = stage is not Stage.SOURCES
     return RoundPlan(
         Phase.FDA,
-        int(server_round) - config.warmup_rounds,
+        fda_round,
         float(config.lr_decay_after_warmup),
-        target_trains=True,
-        record_step_updates=bool(config.auto_weight),
+        stage,
+        target_trains=target_trains,
+        sources_train=stage is not Stage.TARGET,
+        record_step_updates=bool(config.auto_weight) and target_trains,
+        seed_round=w + fda_round,
     )
 
 
@@ -1311,3 +1390,167 @@ def fda_aggregate(
     filtered = 1.0 - kept.mean(axis=1) if agg else np.zeros(n)
     mean_cos = cos.mean(axis=1) if agg else np.zeros(n)
     return FDAAggregate(update, coef, cos, kept, filtered, mean_cos, b)
+
+
+# --------------------------------------------------------------------------------------------
+# One FDA round from what the clients send (either placement)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SourceUpdate:
+    """What source i contributes to an FDA round.
+
+    Attributes:
+        delta: Delta_i = h_i - h_global, L arrays (:func:`model_delta`).
+        num_examples: n_i (weights the sources, :func:`source_weights`).
+        lr: the learning rate it trained with, lr_S,i.
+        steps: its optimizer steps this round, K_i >= 1.
+    """
+
+    delta: NDArrays
+    num_examples: float
+    lr: float
+    steps: int
+
+
+@dataclass(frozen=True)
+class TargetUpdate:
+    """What the target contributes to an FDA round.
+
+    Attributes:
+        delta: Delta_T, L arrays.
+        lr: lr_T used this round.
+        steps: B, its optimizer steps.
+        step_matrix: auto mode: its per-step updates G, B' x m (:func:`prepare_step_updates`).
+        step_var: auto FedDA with the one-float upload: S_T of App. A.5 instead of G.
+        step_rows: B', the rows S_T was computed from (with ``step_var``).
+    """
+
+    delta: NDArrays
+    lr: float
+    steps: int
+    step_matrix: np.ndarray | None = None
+    step_var: float | None = None
+    step_rows: int = 0
+
+
+@dataclass(frozen=True)
+class FDARound:
+    """Result of :func:`fda_round`.
+
+    Attributes:
+        new_global: h_global^(r), L arrays in the global model's dtypes.
+        aggregate: the per-tensor details (:class:`FDAAggregate`; betas, cosines, filters).
+        stats: the auto-weighting statistics, or None (fixed beta, or fewer than 2 target steps).
+        align: a_i (N,), :func:`alignment_factors`.
+        target_update_norm: ||Delta_T|| over the aggregated tensors.
+        notes: warnings raised while choosing the betas (e.g. the fallback to the fixed beta).
+    """
+
+    new_global: NDArrays
+    aggregate: FDAAggregate
+    stats: FDAStats | None
+    align: np.ndarray
+    target_update_norm: float
+    notes: tuple[str, ...] = ()
+
+    def metrics(self, labels: Sequence[str]) -> dict[str, float]:
+        """Scalars for the round's record: means, and per source ``beta_<label>``,
+        ``filtered_frac_<label>``, ``mean_cos_<label>``, ``align_<label>``, ``d2_<label>``,
+        ``tau2d2_<label>`` (auto), plus ``sigma2`` (auto)."""
+        agg = self.aggregate
+        if len(labels) != agg.betas.size:
+            raise ValueError(f"need one label per source ({agg.betas.size}); got {len(labels)}")
+        out = {
+            "beta_mean": float(np.mean(agg.betas)),
+            "filtered_frac_mean": float(np.mean(agg.filtered_frac)),
+            "mean_cos_mean": float(np.mean(agg.mean_cos)),
+            "update_norm_target": self.target_update_norm,
+        }
+        for i, label in enumerate(labels):
+            out[f"beta_{label}"] = float(agg.betas[i])
+            out[f"filtered_frac_{label}"] = float(agg.filtered_frac[i])
+            out[f"mean_cos_{label}"] = float(agg.mean_cos[i])
+            out[f"align_{label}"] = float(self.align[i])
+        if self.stats is not None:
+            out["sigma2"] = float(self.stats.target_var)
+            for i, label in enumerate(labels):
+                out[f"d2_{label}"] = float(self.stats.d2[i])
+                if self.stats.tau2d2 is not None:
+                    out[f"tau2d2_{label}"] = float(self.stats.tau2d2[i])
+        return out
+
+
+def _round_stats(
+    target: TargetUpdate, sources: Sequence[SourceUpdate], source_flat: np.ndarray, roles: Sequence[TensorRole], config: FDAConfig
+) -> FDAStats | None:
+    """The App. A.5 statistics from the target's step matrix or its one-float summary; None
+    when fewer than 2 rows are available (the caller then falls back to the fixed beta)."""
+    lr_s = [s.lr for s in sources]
+    k_s = [s.steps for s in sources]
+    if target.step_matrix is not None:
+        if target.step_matrix.shape[0] < 2:
+            return None
+        g_in, s_in = estimator_inputs(
+            target.step_matrix, source_flat, source_steps=k_s, lr_target=target.lr, lr_sources=lr_s,
+            alignment=config.estimator_alignment,
+        )
+        return estimate_fda_stats(g_in, s_in)
+    if target.step_var is None or target.step_rows < 2 or not np.isfinite(target.step_var) or target.step_var < 0:
+        return None
+    c_t, c_s = estimator_scales(config.estimator_alignment, lr_target=target.lr, lr_sources=lr_s, num_sources=len(sources))
+    gbar = flatten_update(target.delta, roles) / target.steps * c_t
+    s_in = source_flat * (c_s / np.asarray(k_s, dtype=np.float64))[:, None]
+    return estimate_fedda_stats_from_summary(gbar, target.step_var * c_t**2, target.step_rows, s_in)
+
+
+def fda_round(
+    global_arrays: Sequence[np.ndarray],
+    target: TargetUpdate,
+    sources: Sequence[SourceUpdate],
+    config: FDAConfig,
+    roles: Sequence[TensorRole | str] | None = None,
+) -> FDARound:
+    """One FDA round (Algorithm 1, steps 3-5), from the clients' updates to the new global model.
+
+    Weights w_i (:func:`source_weights`), alignment a_i (:func:`alignment_factors`), beta_i
+    (fixed, or Eq. 3 from the App. A.5 statistics when ``config.auto_weight``; with fewer than
+    2 target steps the fixed beta, noted in ``notes``) and :func:`fda_aggregate`. The server
+    runs this under the ``server`` placement and the target under the ``target`` placement, so
+    both compute the same model from the same inputs.
+
+    Args:
+        global_arrays: h_global^(r-1), L arrays.
+        target: the target's update (:class:`TargetUpdate`).
+        sources: N >= 1 source updates (:class:`SourceUpdate`).
+        config: the options.
+        roles: one :class:`TensorRole` per tensor (default :func:`tensor_roles` without buffers).
+
+    Raises:
+        ValueError: no sources, mismatched shapes, NaN/Inf, non-positive lr or steps.
+    """
+    if not sources:
+        raise ValueError("need at least one source update")
+    role = _check_roles(roles, global_arrays) if roles is not None else tensor_roles(global_arrays, config)
+    w = source_weights([s.num_examples for s in sources], config.source_weighting)
+    align = alignment_factors(
+        lr_target=target.lr, steps_target=target.steps,
+        lr_sources=[s.lr for s in sources], steps_sources=[s.steps for s in sources],
+    )
+    stats = None
+    if config.auto_weight:
+        source_flat = np.stack([flatten_update(s.delta, role) for s in sources])
+        stats = _round_stats(target, sources, source_flat, role, config)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        betas = round_betas(config, len(sources), stats)
+    agg = fda_aggregate(target.delta, [s.delta for s in sources], betas=betas, weights=w, config=config, align=align, roles=role)
+    return FDARound(
+        new_global=apply_update(global_arrays, agg.update),
+        aggregate=agg,
+        stats=stats,
+        align=np.asarray(align, dtype=np.float64),
+        target_update_norm=float(np.linalg.norm(flatten_update(target.delta, role))),
+        notes=tuple(str(c.message) for c in caught),
+    )

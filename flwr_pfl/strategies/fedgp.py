@@ -36,24 +36,44 @@ Wire layout (every round every client is sent the same FitIns)
   ``target_loss``, ``target_accuracy_last5`` (mean of the last five evaluations, the paper's
   metric) and ``source_accuracy_wmean`` beside the usual summaries.
 
-Placement. Only the server-side placement (Algorithm 1) is offered. The target-side placement of
-App. C.1 / C.4 computes the same update (the paper says so, and every input of
-:func:`flwr_pfl.core.fedgp.fda_aggregate` is available to either party); it needs two Flower rounds
-per FDA round and a download of N x m source updates to the target, which is what the legacy
-Strategy API makes awkward (results of one round carried into the next round's per-client
-instructions, evaluation suppressed for half-rounds). Its benefit, avoiding the B x m upload, is
-obtained here by ``max_step_updates`` (B' rows) and, for FedDA, by the one-float ``summary`` upload.
+Placement (``config.placement``). ``server`` (default, Algorithm 1): as above, one server round
+per FDA round. ``target`` (App. C.1 / C.4): FDA round r takes two server rounds:
+
+* round W + 2r - 1 (stage ``sources``): the sources train as above (the target, once known, is
+  not sampled); the strategy keeps their replies and returns the global model unchanged; no
+  evaluation.
+* round W + 2r (stage ``target``): only the target is sent a FitIns, whose arrays are the L
+  global arrays followed by the N kept source models (L arrays each, in an order shuffled per
+  round with ``shuffle_sources``), with config ``fedgp.sources`` (JSON list of ``{"n", "lr",
+  "steps"}``, one per source in that order) and ``fedgp.cfg.<option>`` (every
+  :class:`~flwr_pfl.core.fedgp.FDAConfig` option). The target trains, runs
+  :func:`~flwr_pfl.core.fedgp.fda_round` itself on its in-memory step updates and replies with
+  the L arrays of the **new global model**, its per-source statistics as metrics
+  ``fda.<name>_s<j>`` (j = position in the order it was sent), which the strategy records
+  under the sources' partition ids. The B' x m upload disappears; the target downloads N x m.
+
+``fedgp.seed-round`` (W + r under both placements) seeds every client's training, so the two
+placements train identically and produce the same global models up to the order of a float sum.
 """
 
 from __future__ import annotations
 
-import warnings
+import json
 from collections.abc import Sequence
 from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.common import EvaluateIns, EvaluateRes, FitRes, Parameters, log, parameters_to_ndarrays
+from flwr.common import (
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    Parameters,
+    log,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
@@ -61,19 +81,15 @@ from flwr_pfl.core.aggregation import weighted_average
 from flwr_pfl.core.fedgp import (
     FDAConfig,
     Phase,
+    Placement,
     Rule,
+    SourceUpdate,
+    Stage,
+    TargetUpdate,
     TensorRole,
-    alignment_factors,
-    apply_update,
-    estimate_fda_stats,
-    estimate_fedda_stats_from_summary,
-    estimator_inputs,
-    estimator_scales,
-    fda_aggregate,
-    flatten_update,
+    fda_round,
     model_delta,
     plan_round,
-    round_betas,
     source_weights,
     tensor_roles,
 )
@@ -96,6 +112,8 @@ class FDAStrategy(PFLStrategy):
         step_upload: ``matrix`` (the B' x m step updates, Algorithm 1) or ``summary`` (FedDA
             auto only: one float, :func:`~flwr_pfl.core.fedgp.estimate_fedda_stats_from_summary`).
         evaluate_sources: also evaluate on the sources' test splits (source-domain accuracy).
+        shuffle_sources: under the ``target`` placement, send the sources' models to the target
+            in an order shuffled every round (App. C.1), so it cannot tell which source is which.
         **kwargs: :class:`~flwr_pfl.strategies.base.PFLStrategy`'s arguments.
     """
 
@@ -111,6 +129,7 @@ class FDAStrategy(PFLStrategy):
         is_buffer: Sequence[bool] | None = None,
         step_upload: str = "matrix",
         evaluate_sources: bool = True,
+        shuffle_sources: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -126,6 +145,7 @@ class FDAStrategy(PFLStrategy):
             )
         self.step_upload = step_upload
         self.evaluate_sources = evaluate_sources
+        self.shuffle_sources = shuffle_sources
         self.target_partition = target_partition
         self.target_cid: str | None = None
         self.is_buffer: list[bool] | None = list(is_buffer) if is_buffer is not None else None
@@ -134,38 +154,78 @@ class FDAStrategy(PFLStrategy):
         self._eval_target: dict[str, float] = {}
         self._current: dict[str, Scalar] = {}  # this round's fedgp.* instructions
         self._failures: list[Any] = []  # this round's failed or rejected fit replies
+        # target placement: the sources' replies of the current FDA round, in the order sent
+        # to the target, kept between its two server rounds
+        self._pending: list[ClientReply] = []
 
     # ---------------------------------------------------------------- schedule
     def plan(self, server_round: int):
         """The core's round plan, adjusted for the baselines (Target Only: no warm-up)."""
         r = self.round_offset + server_round
         if self.mode == "target_only":
-            return plan_round(r, _replace(self.config, warmup_rounds=0, auto_weight=False))
+            return plan_round(r, _replace(self.config, warmup_rounds=0, auto_weight=False, placement=Placement.SERVER))
+        if self.mode == "source_only":
+            return plan_round(r, _replace(self.config, placement=Placement.SERVER))
         return plan_round(r, self.config)
+
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        if self.plan(server_round).stage is not Stage.TARGET:
+            return super().configure_fit(server_round, parameters, client_manager)
+        # target placement, second half: the target alone, with the sources' models
+        proxy = client_manager.all().get(self.target_cid) if self.target_cid is not None else None
+        if proxy is None:
+            log(WARNING, "round %d: the target client is unknown or gone; this FDA round is skipped", server_round)
+            self._pending = []
+            return []
+        return self.fit_instructions(server_round, parameters, [proxy])
 
     def fit_instructions(self, server_round: int, parameters: Parameters, clients: list[ClientProxy]):
         plan = self.plan(server_round)
         fda = plan.phase is Phase.FDA
+        if plan.stage is Stage.SOURCES:
+            self._pending = []  # never forward an earlier round's sources
+            if self.target_cid is not None:
+                clients = [c for c in clients if c.cid != self.target_cid]
         extra: dict[str, Scalar] = {
             "fedgp.phase": plan.phase.value,
+            "fedgp.stage": plan.stage.value,
+            "fedgp.seed-round": plan.seed_round,
             "fedgp.lr-scale": float(plan.lr_scale),
-            "fedgp.sources-train": self.mode != "target_only",
-            "fedgp.target-trains": fda and self.mode != "source_only",
+            "fedgp.sources-train": self.mode != "target_only" and plan.sources_train,
+            "fedgp.target-trains": fda and self.mode != "source_only" and plan.target_trains,
             "fedgp.record-steps": bool(plan.record_step_updates and self.mode == "fda"),
             "fedgp.step-upload": self.step_upload,
             "fedgp.buffer-role": self.config.buffer_role.value,
             "fedgp.scalar-role": self.config.scalar_role.value,
             "fedgp.max-step-updates": int(self.config.max_step_updates or 0),
         }
+        if plan.stage is Stage.TARGET:
+            parameters, extra = self._target_payload(server_round, extra)
         out = super().fit_instructions(server_round, parameters, clients)
         for _, ins in out:
+            ins.parameters = parameters
             ins.config.update(extra)
         self._current = extra
         return out
 
+    def _target_payload(self, server_round: int, extra: dict[str, Scalar]) -> tuple[Parameters, dict[str, Scalar]]:
+        """The target's instructions under the target placement: the global arrays, then the
+        kept source models (order shuffled per round), their metadata and the options."""
+        if self.shuffle_sources and len(self._pending) > 1:
+            rng = np.random.default_rng([self.round_offset + server_round, len(self._pending)])
+            self._pending = [self._pending[i] for i in rng.permutation(len(self._pending))]
+        meta = [{"n": r.num_examples, "lr": float(r.metrics["lr"]), "steps": int(r.metrics["num_steps"])} for r in self._pending]
+        arrays = list(self.global_arrays or []) + [a for r in self._pending for a in r.arrays]
+        options = {f"fedgp.cfg.{k}": v for k, v in self.config.to_scalars().items()}
+        return ndarrays_to_parameters(arrays), {**extra, **options, "fedgp.sources": json.dumps(meta)}
+
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        if self.plan(server_round).stage is Stage.SOURCES:
+            return []  # the global model has not changed since the last evaluation
         pairs = super().configure_evaluate(server_round, parameters, client_manager)
         if not self.evaluate_sources and self.target_cid is not None:
             pairs = [(p, ins) for p, ins in pairs if p.cid == self.target_cid]
@@ -191,7 +251,12 @@ class FDAStrategy(PFLStrategy):
             n_model = len(expected)
             check_arrays(who, arrays[:n_model], expected, res.num_examples)
             extra = arrays[n_model:]
-            wants_matrix = is_target and bool(self._current.get("fedgp.record-steps")) and self.step_upload == "matrix"
+            wants_matrix = (
+                is_target
+                and bool(self._current.get("fedgp.record-steps"))
+                and self.step_upload == "matrix"
+                and self._current.get("fedgp.stage") == Stage.ALL.value
+            )
             if len(extra) != int(wants_matrix):
                 raise ReplyError(f"client {who}: sent {len(arrays)} arrays, expected {n_model + int(wants_matrix)}")
             if wants_matrix:
@@ -241,7 +306,9 @@ class FDAStrategy(PFLStrategy):
                 "exactly one may: set <algorithm>.target-partition or the node config fedgp-role once"
             )
         target = targets[0] if targets else None
-        if target is None and not self._failures:
+        plan = self.plan(server_round)
+        target_asked = not (plan.stage is Stage.SOURCES and self.target_cid is not None)
+        if target is None and target_asked and not self._failures:
             raise ConfigError(
                 f"round {server_round}: all {len(replies)} clients replied and none is the target; "
                 "configure one: <algorithm>.target-partition (-1 = the last partition) or the node "
@@ -253,7 +320,6 @@ class FDAStrategy(PFLStrategy):
                 f"{self.target_partition}; the clients and the server disagree on the target"
             )
         sources = [r for r in replies if not r.metrics.get("is_target") and not r.metrics.get("skipped")]
-        plan = self.plan(server_round)
         metrics: dict[str, float] = {"fda_round": float(plan.fda_round), "num_sources": float(len(sources))}
         self._round_metrics = metrics
         if plan.phase is Phase.WARMUP or self.mode == "source_only":
@@ -262,76 +328,61 @@ class FDAStrategy(PFLStrategy):
                 return glob
             w = source_weights([r.num_examples for r in sources], self.config.source_weighting)
             return weighted_average([r.arrays for r in sources], list(w))
+        if plan.stage is Stage.SOURCES:
+            self._pending = sources
+            return glob
         if target is None or target.metrics.get("skipped"):
             log(WARNING, "round %d: no update from the target client; the global model is unchanged", server_round)
             metrics["target_missing"] = 1.0
             return glob
-        n_model = len(glob)
-        target_arrays = target.arrays[:n_model]
+        target_arrays = target.arrays[: len(glob)]
+        if plan.stage is Stage.TARGET:
+            return self._adopt_target_aggregate(target, target_arrays, metrics)
         if self.mode == "target_only" or not sources:
             if self.mode != "target_only":
                 log(WARNING, "round %d: no source update; the target's model becomes the global model", server_round)
             return [np.asarray(a) for a in target_arrays]
         return self._fda_update(glob, target, target_arrays, sources, metrics)
 
+    def _adopt_target_aggregate(self, target: ClientReply, arrays: NDArrays, metrics: dict[str, float]) -> NDArrays:
+        """Target placement: the target's reply is the new global model; its per-source
+        statistics (``fda.<name>_s<j>``, j = position sent) are recorded by partition id."""
+        pids = [r.partition_id for r in self._pending]
+        metrics["num_sources"] = float(len(pids))
+        for key, value in target.metrics.items():
+            if not key.startswith("fda.") or isinstance(value, (str, bytes)):
+                continue
+            name = key[len("fda."):]
+            stem, _, j = name.rpartition("_s")
+            if stem and j.isdigit() and int(j) < len(pids):
+                name = f"{stem}_p{pids[int(j)]}"
+            metrics[name] = float(value)
+        self._pending = []
+        return [np.asarray(a) for a in arrays]
+
     def _fda_update(
         self, glob: NDArrays, target: ClientReply, target_arrays: NDArrays, sources: list[ClientReply], metrics: dict[str, float]
     ) -> NDArrays:
-        cfg = self.config
-        roles = self._roles()
-        d_t = model_delta(target_arrays, glob)
-        d_s = [model_delta(r.arrays, glob) for r in sources]
-        w = source_weights([r.num_examples for r in sources], cfg.source_weighting)  # over present sources
-        lr_t, b = float(target.metrics["lr"]), int(target.metrics["num_steps"])
-        lr_s = [float(r.metrics["lr"]) for r in sources]
-        k_s = [int(r.metrics["num_steps"]) for r in sources]
-        align = alignment_factors(lr_target=lr_t, steps_target=b, lr_sources=lr_s, steps_sources=k_s)
-        stats = None
-        if cfg.auto_weight:
-            s_flat = np.stack([flatten_update(d, roles) for d in d_s])
-            if self.step_upload == "matrix":
-                g = target.arrays[n] if (n := len(glob)) < len(target.arrays) else None
-                if g is not None and g.shape[0] >= 2:
-                    g_in, s_in = estimator_inputs(
-                        g, s_flat, source_steps=k_s, lr_target=lr_t, lr_sources=lr_s, alignment=cfg.estimator_alignment
-                    )
-                    stats = estimate_fda_stats(g_in, s_in)
-            else:
-                rows = int(target.metrics.get("step_rows", 0))
-                s_t = float(target.metrics.get("step_var", -1.0))
-                if rows >= 2 and np.isfinite(s_t) and s_t >= 0:
-                    c_t, c_s = estimator_scales(
-                        cfg.estimator_alignment, lr_target=lr_t, lr_sources=lr_s, num_sources=len(sources)
-                    )
-                    gbar = flatten_update(d_t, roles) / b * c_t
-                    s_in = s_flat * (c_s / np.asarray(k_s, dtype=np.float64))[:, None]
-                    stats = estimate_fedda_stats_from_summary(gbar, s_t * c_t**2, rows, s_in)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            betas = round_betas(cfg, len(sources), stats)
-        for warning in caught:
-            log(WARNING, "%s", warning.message)
-        agg = fda_aggregate(d_t, d_s, betas=betas, weights=w, config=cfg, align=align, roles=roles)
-        metrics["beta_mean"] = float(np.mean(agg.betas))
-        metrics["filtered_frac_mean"] = float(np.mean(agg.filtered_frac))
-        metrics["mean_cos_mean"] = float(np.mean(agg.mean_cos))
-        metrics["update_norm_target"] = float(np.linalg.norm(flatten_update(d_t, roles)))
-        for i, r in enumerate(sources):
-            pid = r.partition_id
-            metrics[f"beta_p{pid}"] = float(agg.betas[i])
-            metrics[f"filtered_frac_p{pid}"] = float(agg.filtered_frac[i])
-            metrics[f"mean_cos_p{pid}"] = float(agg.mean_cos[i])
-            metrics[f"align_p{pid}"] = float(align[i])
-        if stats is not None:
-            metrics["sigma2"] = float(stats.target_var)
-            for i, r in enumerate(sources):
-                metrics[f"d2_p{r.partition_id}"] = float(stats.d2[i])
-                if stats.tau2d2 is not None:
-                    metrics[f"tau2d2_p{r.partition_id}"] = float(stats.tau2d2[i])
-        return apply_update(glob, agg.update)
+        """Server placement: :func:`~flwr_pfl.core.fedgp.fda_round` on the replies."""
+        n_model = len(glob)
+        step_matrix = target.arrays[n_model] if n_model < len(target.arrays) else None
+        update = TargetUpdate(
+            model_delta(target_arrays, glob),
+            lr=float(target.metrics["lr"]),
+            steps=int(target.metrics["num_steps"]),
+            step_matrix=step_matrix,
+            step_var=float(target.metrics["step_var"]) if "step_var" in target.metrics else None,
+            step_rows=int(target.metrics.get("step_rows", 0)),
+        )
+        result = fda_round(glob, update, [source_update(r, glob) for r in sources], self.config, self._roles())
+        for note in result.notes:
+            log(WARNING, "%s", note)
+        metrics.update(result.metrics([f"p{r.partition_id}" for r in sources]))
+        return result.new_global
 
     def fit_metric_keys(self, replies: list[ClientReply]) -> list[str]:
-        return [k for k in super().fit_metric_keys(replies) if k not in ("is_target", "skipped", "n_model_arrays", "step_rows")]
+        skip = ("is_target", "skipped", "n_model_arrays", "step_rows")
+        return [k for k in super().fit_metric_keys(replies) if k not in skip and not k.startswith("fda.")]
 
     # ---------------------------------------------------------------- evaluation
     def aggregate_evaluate(
@@ -390,6 +441,13 @@ class FDAStrategy(PFLStrategy):
         if state.get("is_buffer") is not None:
             self.is_buffer = [bool(x) for x in state["is_buffer"]]
         self.target_history = list(state.get("target_history", self.target_history))
+
+
+def source_update(reply: ClientReply, glob: NDArrays) -> SourceUpdate:
+    """A source's reply as the core's :class:`~flwr_pfl.core.fedgp.SourceUpdate`."""
+    return SourceUpdate(
+        model_delta(reply.arrays, glob), reply.num_examples, float(reply.metrics["lr"]), int(reply.metrics["num_steps"])
+    )
 
 
 def _replace(cfg: FDAConfig, **changes: Any) -> FDAConfig:

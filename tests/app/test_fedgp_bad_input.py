@@ -171,6 +171,51 @@ def test_bad_replies_are_rejected_and_the_round_goes_on(tmp_path, blobs_dataset,
     assert np.isfinite(last["target_loss"])
 
 
+class _AggregatingTargetFails(FedGPClient):
+    """Under the target placement the target fails in its aggregating half-rounds only."""
+
+    def fit(self, parameters, config):
+        if self.is_target and config.get("fedgp.stage") == "target":
+            raise RuntimeError("out of memory while aggregating")
+        return super().fit(parameters, config)
+
+
+def test_target_placement_target_failure_keeps_the_global_model(tmp_path, blobs_dataset, monkeypatch):
+    """Target placement, W = 1, 2 FDA rounds (5 server rounds): the sources' half-rounds go
+    through, the target's fail; each failure is counted and the global model stays as after
+    the warm-up; the sources kept for a failed half-round are not reused."""
+    monkeypatch.setitem(ALGORITHMS, "fedgp", dataclasses.replace(ALGORITHMS["fedgp"], client=_AggregatingTargetFails))
+    extra = {"fedgp.placement": "target"}
+    run_inprocess(server_app, client_app, N, cfg(tmp_path, blobs_dataset, name="warm", num_server_rounds=1, **extra))
+    run_inprocess(server_app, client_app, N, cfg(tmp_path, blobs_dataset, name="full", num_server_rounds=5, **extra))
+    fits = rows(tmp_path, "full")
+    assert [r["num_failures"] for r in fits] == [0.0, 0.0, 1.0, 0.0, 1.0]
+    assert [fits[i]["num_sources"] for i in (0, 1, 3)] == [3.0, 3.0, 3.0]
+    a, b = np.load(tmp_path / "warm" / "checkpoint.npz"), np.load(tmp_path / "full" / "checkpoint.npz")
+    for key in (k for k in a.files if k.startswith("global_")):
+        np.testing.assert_allclose(a[key], b[key], rtol=1e-6, atol=1e-8)  # float32 round-off at most
+
+
+def test_target_placement_payload_mismatch_is_an_error():
+    """The target refuses a payload that does not hold one model per described source."""
+    from flwr_pfl.clients.fedgp import aggregate_as_target
+    from flwr_pfl.core.fedgp import FDAConfig
+
+    glob = [np.zeros((2, 3), np.float32), np.zeros(3, np.float32)]
+    config = {"fedgp.sources": json.dumps([{"n": 10, "lr": 0.1, "steps": 2}] * 2)}
+    with pytest.raises(ValueError, match="received 2 source arrays for 2 sources of 2 arrays each"):
+        aggregate_as_target(glob, glob, glob, None, FDAConfig(), [False, False], config, {"lr": 0.1, "num_steps": 2})
+
+
+def test_target_placement_without_options_is_an_error():
+    from flwr_pfl.clients.fedgp import fda_config_from
+
+    with pytest.raises(ValueError, match="no fedgp.cfg"):
+        fda_config_from({"fedgp.stage": "target"})
+    with pytest.raises(ValueError, match="placement must be one of"):
+        fda_config_from({"fedgp.cfg.placement": "client"})
+
+
 @pytest.mark.parametrize(
     "key, value, message",
     [
@@ -181,6 +226,7 @@ def test_bad_replies_are_rejected_and_the_round_goes_on(tmp_path, blobs_dataset,
         ("fedgp.target-partition", -2, "fedgp.target-partition"),
         ("fedda.step-upload", "all", "fedda.step-upload.*matrix, summary"),
         ("fedda.estimator-alignment", "x", "fedda.estimator-alignment"),
+        ("fedgp.placement", "client", "fedgp.placement.*'server', 'target'"),
         ("target-only.target-lr-ratio", 0.0, "target-only.target-lr-ratio"),
     ],
 )

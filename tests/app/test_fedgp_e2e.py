@@ -129,3 +129,59 @@ def test_source_only_and_fedda_beta_one_agree(tmp_path, shift_dataset):
     for key in a.files:
         if key.startswith("global_"):
             np.testing.assert_allclose(a[key], b[key], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("auto", [False, True], ids=["fixed-beta", "auto-beta"])
+def test_target_placement_computes_the_server_placement_model(tmp_path, shift_dataset, auto):
+    """App. C.1 / C.4: the target aggregates. With the same seeds both placements train the
+    same models, so after 3 FDA rounds (W = 1) the global models agree up to the order of a
+    float sum (the sources reach the target shuffled); the target placement takes 1 + 2 x 3
+    server rounds, evaluates only after the target's half-rounds, and records every source's
+    beta under its partition id."""
+    extra = {"fedgp.auto-weight": auto, "fedgp.target-batch-size": 2}
+    run_inprocess(server_app, client_app, NUM_CLIENTS,
+                  fda_config(tmp_path, shift_dataset, "fedgp", "server", num_server_rounds=4, **extra))
+    grid = run_inprocess(server_app, client_app, NUM_CLIENTS,
+                         fda_config(tmp_path, shift_dataset, "fedgp", "target", num_server_rounds=7,
+                                    **extra, **{"fedgp.placement": "target"}))
+    a = np.load(tmp_path / "server" / "checkpoint.npz")
+    b = np.load(tmp_path / "target" / "checkpoint.npz")
+    keys = [k for k in a.files if k.startswith("global_")]
+    assert keys
+    for key in keys:
+        np.testing.assert_allclose(a[key], b[key], rtol=1e-5, atol=1e-6)
+    evals = rows(tmp_path, "target", "evaluate")
+    assert [r["round"] for r in evals] == [1, 3, 5, 7]
+    server_evals = rows(tmp_path, "server", "evaluate")
+    assert [r["target_accuracy"] for r in evals] == pytest.approx([r["target_accuracy"] for r in server_evals], abs=1e-6)
+    fits = {r["round"]: r for r in rows(tmp_path, "target", "fit")}
+    server_fits = {r["round"]: r for r in rows(tmp_path, "server", "fit")}
+    for k in (1, 2, 3):
+        t, s = fits[1 + 2 * k], server_fits[1 + k]
+        assert t["fda_round"] == s["fda_round"] == k
+        for pid in (0, 1, 2):
+            assert t[f"beta_p{pid}"] == pytest.approx(s[f"beta_p{pid}"], rel=1e-6)
+            assert t[f"mean_cos_p{pid}"] == pytest.approx(s[f"mean_cos_p{pid}"], rel=1e-4, abs=1e-6)
+        if auto:
+            assert t["sigma2"] == pytest.approx(s["sigma2"], rel=1e-6)
+            assert t["sigma2"] > 0.0 and 0.0 <= t["beta_mean"] <= 1.0
+    assert grid.bytes_received > 0
+
+
+def test_target_placement_moves_the_step_upload_to_a_download(tmp_path, shift_dataset):
+    """Auto FedGP, per FDA round: the server placement receives the target's B x m float32
+    step updates; the target placement receives none but sends the target the 3 sources'
+    models (3 x m float32) once more."""
+    sent, received = {}, {}
+    for placement, rounds in (("server", 3), ("target", 5)):
+        grid = run_inprocess(server_app, client_app, NUM_CLIENTS, fda_config(
+            tmp_path, shift_dataset, "fedgp", placement, num_server_rounds=rounds,
+            **{"fedgp.auto-weight": True, "fedgp.placement": placement}))
+        sent[placement], received[placement] = grid.bytes_sent, grid.bytes_received
+    with np.load(tmp_path / "server" / "checkpoint.npz") as ckpt:
+        m = sum(ckpt[k].size for k in ckpt.files if k.startswith("global_"))
+    steps, fda_rounds, header = 16 // 4, 2, 256
+    # server placement: every client receives the model each round; target placement: the
+    # target is not sent the model in the sources' half-round but gets model + 3 source models
+    assert abs((received["server"] - received["target"]) - fda_rounds * 4 * steps * m) <= fda_rounds * 4 * header
+    assert abs((sent["target"] - sent["server"]) - fda_rounds * 3 * 4 * m) <= fda_rounds * 16 * header

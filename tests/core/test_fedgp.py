@@ -128,6 +128,54 @@ def test_plan_round_warmup_then_fda_with_lr_decay():
             F.plan_round(bad, cfg)
 
 
+def test_plan_round_target_placement_takes_two_rounds_per_fda_round():
+    """App. C.1: FDA round r = server rounds W + 2r - 1 (sources) and W + 2r (target); the seed
+    round is W + r under both placements."""
+    cfg = FDAConfig(warmup_rounds=1, auto_weight=True, placement="target")
+    plans = [F.plan_round(r, cfg) for r in range(1, 6)]
+    assert [p.fda_round for p in plans] == [0, 1, 1, 2, 2]
+    assert [p.stage.value for p in plans] == ["all", "sources", "target", "sources", "target"]
+    assert [p.sources_train for p in plans] == [True, True, False, True, False]
+    assert [p.target_trains for p in plans] == [False, False, True, False, True]
+    assert [p.record_step_updates for p in plans] == [False, False, True, False, True]
+    assert [p.seed_round for p in plans] == [1, 2, 2, 3, 3]
+    server = [F.plan_round(r, FDAConfig(warmup_rounds=1)) for r in (1, 2, 3)]
+    assert [p.seed_round for p in server] == [1, 2, 3] and all(p.stage.value == "all" for p in server)
+
+
+def test_config_round_trips_through_scalars():
+    cfg = FDAConfig(rule="fedda", auto_weight=True, max_step_updates=8, placement="target", buffer_role="keep")
+    scalars = cfg.to_scalars()
+    assert all(isinstance(v, (bool, int, float, str)) for v in scalars.values())
+    assert FDAConfig.from_scalars(scalars) == cfg
+    assert FDAConfig.from_scalars(FDAConfig().to_scalars()).max_step_updates is None
+    with pytest.raises(ValueError, match="unknown FDAConfig option"):
+        FDAConfig.from_scalars({"betta": 0.5})
+
+
+def test_fda_round_is_fda_aggregate_on_the_clients_inputs():
+    """fda_round = source weights + alignment + betas + fda_aggregate + apply_update, and a
+    target with one step falls back to the fixed beta with a note."""
+    rng = np.random.default_rng(0)
+    glob = [rng.normal(size=(3, 4)).astype(np.float32), rng.normal(size=4).astype(np.float32)]
+    d_t = [rng.normal(size=a.shape) for a in glob]
+    sources = [F.SourceUpdate([rng.normal(size=a.shape) for a in glob], n, 0.1, k) for n, k in ((10, 5), (30, 2))]
+    cfg = FDAConfig(beta=0.3)
+    out = F.fda_round(glob, F.TargetUpdate(d_t, lr=0.05, steps=4), sources, cfg)
+    w = F.source_weights([10, 30])
+    align = F.alignment_factors(lr_target=0.05, steps_target=4, lr_sources=[0.1, 0.1], steps_sources=[5, 2])
+    ref = F.fda_aggregate(d_t, [s.delta for s in sources], betas=0.3, weights=w, config=cfg, align=align)
+    for a, b in zip(out.new_global, F.apply_update(glob, ref.update)):
+        np.testing.assert_array_equal(a, b)
+    m = out.metrics(["p0", "p1"])
+    assert m["beta_p1"] == 0.3 and m["align_p1"] == pytest.approx(align[1]) and "sigma2" not in m
+    one_step = F.TargetUpdate(d_t, lr=0.05, steps=1, step_matrix=np.ones((1, 16)))
+    auto = F.fda_round(glob, one_step, sources, FDAConfig(auto_weight=True, beta=0.3))
+    assert auto.stats is None and list(auto.aggregate.betas) == [0.3, 0.3] and "2 target steps" in auto.notes[0]
+    with pytest.raises(ValueError, match="at least one source"):
+        F.fda_round(glob, one_step, [], cfg)
+
+
 # ------------------------------------------------------------------------------------------
 # Projection primitives (Definition 4.3, App. C.9)
 # ------------------------------------------------------------------------------------------

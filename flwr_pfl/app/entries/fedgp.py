@@ -27,6 +27,8 @@ class TargetRoleOptions:
         target_partition: the target's partition id [-1 = the last partition].
         target_train_samples: labelled samples the target trains on, drawn once, seeded [0 =
             its whole training split]; ColoredMNIST in the paper has about 18 (0.1%).
+        target_train_fraction: instead of a count, this fraction of the target's training
+            split, in (0, 1] [0 = unused; the label-shift runs use 15%, App. C.7].
         target_lr_ratio: lr_T / lr_S [0.5, the Fashion-MNIST / CIFAR-10 code; DomainBed 0.2].
         target_batch_size: the target's batch size [16, the paper's fixed-beta value; auto runs
             use smaller ones so that B is larger, C.4; 0 = the run's batch-size].
@@ -38,6 +40,7 @@ class TargetRoleOptions:
 
     target_partition: int = -1
     target_train_samples: int = 0
+    target_train_fraction: float = 0.0
     target_lr_ratio: float = 0.5
     target_batch_size: int = 16
     evaluate_sources: bool = True
@@ -50,6 +53,11 @@ class TargetRoleOptions:
             self.fail("target_partition", self.target_partition, "use -1 (the last partition) or a partition id >= 0")
         if self.target_train_samples < 0:
             self.fail("target_train_samples", self.target_train_samples, "use 0 (all) or a count > 0")
+        if not 0.0 <= self.target_train_fraction <= 1.0:
+            self.fail("target_train_fraction", self.target_train_fraction, "use 0 (unused) or a fraction in (0, 1]")
+        if self.target_train_fraction and self.target_train_samples:
+            self.fail("target_train_fraction", self.target_train_fraction,
+                      "set either target-train-samples or target-train-fraction, not both")
         if not self.target_lr_ratio > 0:
             self.fail("target_lr_ratio", self.target_lr_ratio, "use a number > 0")
         if self.target_batch_size < 0:
@@ -59,6 +67,7 @@ class TargetRoleOptions:
         return {
             "target_partition": self.target_partition,
             "target_train_samples": self.target_train_samples,
+            "target_train_fraction": self.target_train_fraction,
             "target_lr_ratio": self.target_lr_ratio,
             "target_batch_size": self.target_batch_size,
         }
@@ -90,6 +99,12 @@ class FDAOptions(TargetRoleOptions):
             variants used 0.1 in the code].
         max_step_updates: at most this many rows of target step updates, by averaging
             consecutive steps [0 = all B].
+        placement: who aggregates: ``server`` [default, Algorithm 1: one server round per FDA
+            round, the target uploads its step updates in auto mode] or ``target`` (App. C.1 /
+            C.4: two server rounds per FDA round, so num-server-rounds = warmup-rounds + 2 x
+            the FDA rounds; the server forwards the sources' models to the target).
+        shuffle_sources: with ``placement = "target"``, forward the sources' models in an order
+            shuffled every round (App. C.1) [true].
     """
 
     preset: str = "none"
@@ -102,12 +117,14 @@ class FDAOptions(TargetRoleOptions):
     warmup_rounds: int = 2
     lr_decay_after_warmup: float = 1.0
     max_step_updates: int = 0
+    placement: str = "server"
+    shuffle_sources: bool = True
 
     rule: ClassVar[str] = "fedgp"
     #: fields that are this class's own, not FDAConfig's
     _own: ClassVar[tuple[str, ...]] = (
-        "target_partition", "target_train_samples", "target_lr_ratio", "target_batch_size",
-        "evaluate_sources", "preset", "step_upload",
+        "target_partition", "target_train_samples", "target_train_fraction", "target_lr_ratio", "target_batch_size",
+        "evaluate_sources", "preset", "step_upload", "shuffle_sources",
     )
 
     def __post_init__(self) -> None:
@@ -136,7 +153,7 @@ class FDAOptions(TargetRoleOptions):
             raise ConfigError(f"{self.prefix}.{name.replace('_', '-')}: {err}") from None
 
     def strategy_kwargs(self) -> dict[str, Any]:
-        return super().strategy_kwargs() | {"config": self.fda_config()}
+        return super().strategy_kwargs() | {"config": self.fda_config(), "shuffle_sources": self.shuffle_sources}
 
 
 @dataclass(frozen=True)
