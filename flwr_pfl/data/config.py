@@ -21,6 +21,7 @@ from flwr_pfl.errors import ConfigError
 
 PARTITIONERS = (
     "iid", "dirichlet", "pathological", "domain-mixture", "one-domain-per-client", "domain-dirichlet",
+    "label-shift",
 )
 DOMAIN_TRANSFORMS = ("none", "rotation", "color", "corruption")
 
@@ -40,7 +41,12 @@ class DataConfig:
             skew), pathological (k classes per client), domain-mixture (Dirichlet domain mix,
             fixed size), one-domain-per-client (client k holds domain k mod M, split IID among
             that domain's clients), domain-dirichlet (the same, split with Dirichlet
-            ``dirichlet_alpha`` label skew among that domain's clients).
+            ``dirichlet_alpha`` label skew among that domain's clients), label-shift (the last
+            client gets 1 - eta of the ``shifted-classes`` and eta of the others, the other
+            clients split the rest equally: FedGP's App. C.7 label shift).
+        label_shift_eta [label-shift-eta]: eta of label-shift, in [0, 0.5] (0.5 = no shift).
+        shifted_classes [shifted-classes]: label-shift's D1 classes, comma-separated
+            (default "8,6,9", the paper's code for Fashion-MNIST).
         dirichlet_alpha [dirichlet-alpha]: concentration of the label-skew Dirichlet, > 0.
         classes_per_client [classes-per-client]: labels per client for pathological, >= 1.
         domain_transform [domain-transform]: none, rotation, color or corruption; turns one
@@ -65,6 +71,8 @@ class DataConfig:
     download: bool = False
     partitioner: str = "iid"
     dirichlet_alpha: float = 0.5
+    label_shift_eta: float = 0.1
+    shifted_classes: str = "8,6,9"
     classes_per_client: int = 2
     domain_transform: str = "none"
     num_domains: int = 1
@@ -89,6 +97,16 @@ class DataConfig:
         _check_type(self, "partitioner", str)
         _check_choice(self, "partitioner", PARTITIONERS)
         _check_number(self, "dirichlet_alpha", low=0.0, low_open=True)
+        _check_number(self, "label_shift_eta", low=0.0)
+        if self.label_shift_eta > 0.5:
+            _fail("label_shift_eta", self.label_shift_eta, "a number in [0, 0.5] (0.5 = no shift)")
+        _check_type(self, "shifted_classes", str)
+        try:
+            ids = self.shifted_class_ids()
+        except ValueError:
+            ids = ()
+        if not ids or min(ids) < 0:
+            _fail("shifted_classes", self.shifted_classes, "comma-separated class ids >= 0, e.g. '8,6,9'")
         _check_int(self, "classes_per_client", low=1)
         _check_type(self, "domain_transform", str)
         _check_choice(self, "domain_transform", DOMAIN_TRANSFORMS)
@@ -125,6 +143,10 @@ class DataConfig:
                 f"{self.val_fraction}), so that clients keep training samples",
             )
         _check_int(self, "seed")
+
+    def shifted_class_ids(self) -> tuple[int, ...]:
+        """``shifted_classes`` as integers."""
+        return tuple(int(c) for c in self.shifted_classes.split(",") if c.strip())
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> DataConfig:

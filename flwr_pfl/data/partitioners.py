@@ -10,6 +10,9 @@ its ``Partitioner``, so Flower users can use them in a ``FederatedDataset`` too:
 * :class:`OneDomainPerClientPartitioner`: client k holds domain k mod M (Rotated MNIST in FEDORA,
   one corruption per client in pFedFDA); the clients of a domain split it IID, or with
   Dirichlet label skew (``domain-dirichlet``).
+* :class:`LabelShiftPartitioner`: FedGP's Fashion-MNIST label shift (App. C.7): the last client
+  (the target) gets a fraction 1 - eta of a few "shifted" classes and eta of the others; the
+  other clients (the sources) split the rest equally.
 
 :func:`partition_indices` runs any of them on arrays (an in-memory ``datasets.Dataset`` with
 columns idx, label and domain) and reads back the idx column. Nothing is fetched from the
@@ -218,6 +221,53 @@ class OneDomainPerClientPartitioner(IndexPartitioner):
         return [np.sort(np.concatenate(pieces)) for pieces in shares]
 
 
+class LabelShiftPartitioner(IndexPartitioner):
+    """A controlled label shift between N - 1 sources and one target (the last partition).
+
+    Jiang et al. (ICLR 2024), App. C.7, "imbalance-class-eta": for every class in
+    ``shifted_classes`` (D1) a fraction 1 - eta of its samples goes to the target and eta to
+    the sources; for every other class (D2) eta goes to the target and 1 - eta to the sources.
+    The sources split their share of each class equally. eta = 0.5 is no shift; at eta = 0 the
+    target holds only D1 and the sources only D2.
+
+    Args:
+        num_partitions: N >= 2 (N - 1 sources and the target, partition N - 1).
+        eta: the shift, in [0, 0.5].
+        shifted_classes: D1 (the paper's code: classes 8, 6, 9 of Fashion-MNIST).
+        partition_by: the label column.
+        seed: the split of each class is a seeded permutation.
+    """
+
+    def __init__(
+        self,
+        num_partitions: int,
+        eta: float,
+        shifted_classes: tuple[int, ...] = (8, 6, 9),
+        partition_by: str = "label",
+        seed: int = 42,
+    ) -> None:
+        super().__init__(num_partitions, partition_by, seed)
+        if num_partitions < 2:
+            raise ValueError(f"label shift needs at least 2 partitions (sources and a target); got {num_partitions}")
+        if not 0.0 <= eta <= 0.5:
+            raise ValueError(f"eta must lie in [0, 0.5] (0.5 = no shift); got {eta}")
+        self._eta = float(eta)
+        self._shifted = frozenset(int(c) for c in shifted_classes)
+
+    def _assign(self, groups: np.ndarray) -> list[np.ndarray]:
+        rng = np.random.default_rng(self._seed)
+        sources = self._num_partitions - 1
+        parts: list[list[np.ndarray]] = [[] for _ in range(self._num_partitions)]
+        for c in np.unique(groups):
+            rows = rng.permutation(np.flatnonzero(groups == c))
+            to_target = (1.0 - self._eta) if int(c) in self._shifted else self._eta
+            n_target = int(round(to_target * len(rows)))
+            parts[-1].append(rows[:n_target])
+            for k, chunk in enumerate(np.array_split(rows[n_target:], sources)):
+                parts[k].append(chunk)
+        return [np.sort(np.concatenate(p)) for p in parts]
+
+
 def make_partitioner(config: DataConfig, num_partitions: int, num_samples: int) -> Partitioner:
     """The partitioner the config names, seeded from the config's seed.
 
@@ -247,6 +297,10 @@ def make_partitioner(config: DataConfig, num_partitions: int, num_samples: int) 
     if config.partitioner == "domain-mixture":
         return DomainMixturePartitioner(
             num_partitions, config.samples_per_client, config.domain_alpha, seed=seed
+        )
+    if config.partitioner == "label-shift":
+        return LabelShiftPartitioner(
+            num_partitions, config.label_shift_eta, config.shifted_class_ids(), seed=seed
         )
     if config.partitioner == "domain-dirichlet":
         return OneDomainPerClientPartitioner(num_partitions, seed=seed, label_alpha=config.dirichlet_alpha)

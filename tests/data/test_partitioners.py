@@ -8,6 +8,7 @@ import pytest
 from flwr_pfl.data.config import DataConfig
 from flwr_pfl.data.partitioners import (
     DomainMixturePartitioner,
+    LabelShiftPartitioner,
     OneDomainPerClientPartitioner,
     make_partitioner,
     partition_indices,
@@ -154,6 +155,34 @@ def test_one_domain_per_client_warns_about_unused_domains() -> None:
     assert set(DOMAINS[np.concatenate(parts)].tolist()) == {0, 1}
 
 
+@pytest.mark.parametrize("eta", [0.0, 0.1, 0.3, 0.5])
+def test_label_shift_gives_the_target_its_eta_shares(eta: float) -> None:
+    """App. C.7: the target (last client) holds 1 - eta of each shifted class (8, 6, 9) and
+    eta of the others; the 4 sources split the rest equally; every sample is dealt once."""
+    parts = split(5, partitioner="label-shift", label_shift_eta=eta)
+    assert_disjoint(parts, cover=True)
+    target = LABELS[parts[-1]]
+    for c in range(10):
+        share = np.sum(target == c) / np.sum(LABELS == c)
+        assert share == pytest.approx((1 - eta) if c in (6, 8, 9) else eta, abs=0.002)
+        counts = [np.sum(LABELS[p] == c) for p in parts[:-1]]
+        assert max(counts) - min(counts) <= 1
+    if eta == 0.0:
+        assert set(target.tolist()) == {6, 8, 9}
+
+
+def test_label_shift_rejects_bad_settings() -> None:
+    with pytest.raises(ValueError, match="at least 2 partitions"):
+        LabelShiftPartitioner(1, eta=0.1)
+    with pytest.raises(ValueError, match=r"eta must lie in \[0, 0.5\]"):
+        LabelShiftPartitioner(4, eta=0.7)
+    with pytest.raises(ConfigError, match="label-shift-eta"):
+        DataConfig(dataset="toy-images", label_shift_eta=0.6)
+    with pytest.raises(ConfigError, match="shifted-classes"):
+        DataConfig(dataset="toy-images", shifted_classes="eight")
+    assert DataConfig(dataset="toy-images", shifted_classes="1, 2").shifted_class_ids() == (1, 2)
+
+
 @pytest.mark.filterwarnings("ignore:Classes.*will NOT be used")  # 6 clients, 10 classes
 @pytest.mark.parametrize(
     "changes",
@@ -164,6 +193,7 @@ def test_one_domain_per_client_warns_about_unused_domains() -> None:
         {"partitioner": "domain-mixture", "samples_per_client": 50},
         {"partitioner": "one-domain-per-client"},
         {"partitioner": "domain-dirichlet"},
+        {"partitioner": "label-shift"},
     ],
 )
 def test_seeded(changes: dict) -> None:
