@@ -12,6 +12,9 @@ Times the server step alone, on the arrays the Flower layer hands it (no clients
     python simulations/fedora_server_scaling.py --clients 10 100 1000 --params 10000 \\
         --out docs/benchmark/fedora
 
+``--threads`` is ``torch.set_num_threads``; FEDORA's propagation GEMM runs in torch, so it is the
+thread count of the timed round (NumPy's own BLAS pool does not take part in it).
+
 Writes ``<out>/server_scaling.json`` and ``<out>/server_scaling.md``.
 """
 
@@ -67,7 +70,7 @@ def main() -> None:
     parser.add_argument("--params", type=int, default=10_000)
     parser.add_argument("--dim", type=int, default=794, help="subspace dimension d_x + C")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (FEDORA's GEMM runs in torch)")
     parser.add_argument("--out", type=Path, default=Path("docs/benchmark/fedora"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
