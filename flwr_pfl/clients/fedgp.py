@@ -11,7 +11,9 @@ training split with a seed derived from the run seed and partition id, so it is 
 round and after every re-creation of the client), with batch size ``target_batch_size`` and
 learning rate ``target_lr_ratio`` x the run's learning rate x the server's ``lr-scale``. In auto
 mode it records one parameter delta per optimizer step (Algorithm 1, step 4), through the shared
-train loop's ``after_step`` hook.
+train loop's ``after_step`` hook. Under the target placement (App. C.1 / C.4) the target also
+aggregates: :func:`aggregate_as_target` runs the core's ``fda_round`` on the forwarded source
+models and returns the new global model.
 """
 
 from __future__ import annotations
@@ -91,12 +93,7 @@ class FedGPClient(PFLClient):
         self.target_lr_ratio = float(target_lr_ratio)
         self.is_target = self._role(context, target_partition)
         if self.is_target:
-            if not 0.0 <= target_train_fraction <= 1.0:
-                raise ConfigError(f"target-train-fraction={target_train_fraction} must lie in [0, 1] (0 = unused)")
-            if target_train_fraction > 0:
-                available = len(data.train.dataset)  # type: ignore[arg-type]
-                target_train_samples = max(1, round(target_train_fraction * available)) if available else 0
-            self.data = self._target_data(data, target_train_samples, target_batch_size)
+            self.data = self._target_data(data, target_train_samples, target_train_fraction, target_batch_size)
 
     def _role(self, context: Context, target_partition: int) -> bool:
         role = context.node_config.get(ROLE_KEY)
@@ -116,7 +113,7 @@ class FedGPClient(PFLClient):
             return num > 0 and self.partition_id == num - 1
         return self.partition_id == target_partition
 
-    def _target_data(self, data: LocalData, samples: int, batch_size: int) -> LocalData:
+    def _target_data(self, data: LocalData, samples: int, fraction: float, batch_size: int) -> LocalData:
         dataset = data.train.dataset
         available = len(dataset)  # type: ignore[arg-type]
         if available == 0:
@@ -124,6 +121,10 @@ class FedGPClient(PFLClient):
                 f"the target client (partition {self.partition_id}) has no labelled training samples; "
                 "give it data or choose another target-partition"
             )
+        if not 0.0 <= fraction <= 1.0:
+            raise ConfigError(f"target-train-fraction={fraction} must lie in [0, 1] (0 = unused)")
+        if fraction > 0:
+            samples = max(1, round(fraction * available))
         if samples < 0:
             raise ConfigError(f"target-train-samples={samples} must be >= 0 (0 = all)")
         if samples > available:
