@@ -88,10 +88,13 @@ def measure_algorithm(args: argparse.Namespace, algorithm: str) -> dict[str, flo
     start = time.perf_counter()
     grid = run_inprocess(server_app, client_app, args.clients, workload(args, algorithm))
     wall = time.perf_counter() - start
-    rows = json.loads((args.out / "runs" / algorithm / "metrics.json").read_text())
-    fits = [r for r in rows if r["phase"] == "fit"]
+    run = args.out / "runs" / algorithm
+    rows = json.loads((run / "metrics.json").read_text())
+    timings = json.loads((run / "timings.json").read_text())
+    clients = [r.get("num_clients", 0.0) for r in rows if r["phase"] == "fit"]
+    fits = [r for r in timings if r["phase"] == "fit"]
     evals = [r for r in rows if r["phase"] == "evaluate"]
-    train_seconds = sum(r.get("train_seconds_mean", 0.0) * r.get("num_clients", 0.0) for r in fits)
+    train_seconds = sum(r.get("train_seconds_mean", 0.0) * n for r, n in zip(fits, clients))
     return {
         "round_seconds": wall / args.rounds,
         "client_seconds": grid.client_seconds / args.rounds,

@@ -10,7 +10,7 @@ from flwr_pfl.clients.base import LocalData, PFLClient
 from flwr_pfl.data.federated import load_client_data
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.models import build_model
-from flwr_pfl.training import seed_everything, set_num_threads
+from flwr_pfl.training import seeded, set_num_threads
 
 
 def node_partition(context: Context, experiment: Experiment) -> tuple[int, int]:
@@ -38,18 +38,19 @@ def build_client(context: Context) -> PFLClient:
     partition_id, num_partitions = node_partition(context, experiment)
     data = load_client_data(experiment.data, partition_id, num_partitions)
     # The same seed on every client: identical initial models, whichever client the server
-    # asks for the initial global parameters.
-    seed_everything(experiment.run.seed)
+    # asks for the initial global parameters. Scoped, so that building a client leaves no
+    # random state behind for the server or the next client in this process.
     spec = experiment.algorithm
-    model = build_model(
-        experiment.run.model,
-        data.input_shape,
-        data.num_outputs,
-        num_heads=spec.num_heads(experiment.options, data.num_domains),
-        feature_dim=experiment.run.feature_dim,
-    )
-    local = LocalData.from_client_data(data, experiment.run.batch_size)
-    return spec.client(context, model, local, experiment.train_config, **spec.client_kwargs(experiment.options))
+    with seeded(experiment.run.seed):
+        model = build_model(
+            experiment.run.model,
+            data.input_shape,
+            data.num_outputs,
+            num_heads=spec.num_heads(experiment.options, data.num_domains),
+            feature_dim=experiment.run.feature_dim,
+        )
+        local = LocalData.from_client_data(data, experiment.run.batch_size)
+        return spec.client(context, model, local, experiment.train_config, **spec.client_kwargs(experiment.options))
 
 
 def client_fn(context: Context) -> Client:

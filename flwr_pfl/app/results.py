@@ -2,8 +2,10 @@
 
 Written as the run goes (so a crash keeps what was done): ``config.json`` (the resolved
 configuration), ``metrics.json`` and ``metrics.csv`` (one row per round and phase, every
-aggregated metric), ``clients.json`` and ``clients.csv`` (each client's latest evaluation) and
-``checkpoint.npz`` (the server's state, to resume). At the end: ``learning_curves.png`` (and
+aggregated metric), ``timings.json`` and ``timings.csv`` (the same rows' wall-clock figures:
+every metric with ``seconds`` in its name), ``clients.json`` and ``clients.csv`` (each client's
+latest evaluation) and ``checkpoint.npz`` (the server's state, to resume). Timings are kept
+apart so that ``metrics.json`` is bit-identical across reruns of the same config and seed. At the end: ``learning_curves.png`` (and
 ``domains.png`` where samples carry domains) and a one-screen summary on stdout.
 """
 
@@ -44,6 +46,7 @@ class ResultsWriter:
         self.config = config
         self.state_fn = state_fn
         self.rows: list[dict[str, Any]] = []
+        self.timings: list[dict[str, Any]] = []
         self.started = time.perf_counter()
         self.clients: dict[int, dict[str, Any]] = {}
         (self.directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
@@ -51,7 +54,10 @@ class ResultsWriter:
     # The strategy calls this after every aggregation (see PFLStrategy.on_round).
     def on_round(self, server_round: int, phase: str, metrics: dict[str, float], clients: dict[int, dict[str, Scalar]]) -> None:
         elapsed = time.perf_counter() - self.started
-        self.rows.append({"round": server_round, "phase": phase, "elapsed_seconds": elapsed, **_plain(metrics)})
+        key = {"round": server_round, "phase": phase}
+        values = _plain(metrics)
+        self.rows.append(key | {k: v for k, v in values.items() if not is_timing(k)})
+        self.timings.append(key | {"elapsed_seconds": elapsed} | {k: v for k, v in values.items() if is_timing(k)})
         if phase == "evaluate":
             for pid, values in clients.items():
                 self.clients[pid] = {"partition_id": pid, "round": server_round, **_plain(values)}
@@ -61,8 +67,9 @@ class ResultsWriter:
         self._write_metrics()
 
     def _write_metrics(self) -> None:
-        (self.directory / "metrics.json").write_text(json.dumps(self.rows, indent=1))
-        _write_csv(self.directory / "metrics.csv", self.rows)
+        for name, rows in (("metrics", self.rows), ("timings", self.timings)):
+            (self.directory / f"{name}.json").write_text(json.dumps(rows, indent=1))
+            _write_csv(self.directory / f"{name}.csv", rows)
 
     def _write_clients(self) -> None:
         rows = [self.clients[k] for k in sorted(self.clients)]
@@ -116,6 +123,11 @@ class ResultsWriter:
             best = max(rows, key=lambda r: r.get("accuracy_wmean", -math.inf))
             lines.append(f"{'best round':>22}: {best['round']} (weighted mean accuracy {best['accuracy_wmean']:.4f})")
         return "\n".join(lines)
+
+
+def is_timing(key: str) -> bool:
+    """Whether a metric is a wall-clock figure (``train_seconds``, ``aggregate_seconds_mean``...)."""
+    return "seconds" in key.split("_")
 
 
 def _plain(values: dict[str, Any]) -> dict[str, Any]:

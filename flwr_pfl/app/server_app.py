@@ -29,6 +29,7 @@ def build_strategy(experiment: Experiment, writer: ResultsWriter | None = None) 
         fraction_evaluate=run.fraction_evaluate,
         on_round=writer.on_round if writer is not None else None,
         wait_timeout=run.wait_timeout,
+        seed=run.seed,
         **spec.strategy_kwargs(experiment.options),
     )
     strategy.num_rounds = run.num_server_rounds

@@ -9,7 +9,10 @@ rounds: the simulation engine builds a new client object for every message.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 from flwr.app import Context
@@ -24,10 +27,10 @@ from flwr_pfl.training import (
     TrainStats,
     evaluate,
     get_arrays,
-    seed_everything,
     load_arrays,
     resolve_device,
     save_arrays,
+    seeded,
     set_arrays,
     train,
 )
@@ -35,6 +38,26 @@ from flwr_pfl.training.seed import client_seed
 
 NDArrays = list[np.ndarray]
 Config = dict[str, bool | bytes | float | int | str]
+Reply = TypeVar("Reply")
+
+
+def seeded_message(handler: Callable[..., Reply]) -> Callable[..., Reply]:
+    """Run a client's ``fit`` or ``evaluate`` inside :func:`~flwr_pfl.training.seeded`.
+
+    Everything random that a message does (DataLoader shuffling, dropout, transforms) draws
+    from torch's generator seeded by :meth:`PFLClient.round_seed`, and the generator's state
+    is restored afterwards: a client's numbers depend on its seed, partition and round only,
+    never on which client ran before it in the same process. Every client's ``fit`` and
+    ``evaluate`` carries this decorator (a test checks each registered client).
+    """
+
+    @functools.wraps(handler)
+    def run(self: PFLClient, parameters: NDArrays, config: Config) -> Reply:
+        with seeded(self.round_seed(config), self.device):
+            return handler(self, parameters, config)
+
+    run.seeded_message = True  # type: ignore[attr-defined]
+    return run
 
 
 @dataclass(frozen=True)
@@ -74,8 +97,8 @@ class LocalData:
     def from_client_data(cls, data: ClientData, batch_size: int) -> LocalData:
         """Loaders over a :class:`ClientData` (the suite's own datasets).
 
-        The training loader shuffles with torch's global generator, which the client seeds
-        every round (:meth:`PFLClient.round_seed`).
+        The training loader shuffles with torch's global generator, which every message seeds
+        (:func:`seeded_message`).
         """
         return cls(
             train=data.train.loader(batch_size, shuffle=True),
@@ -126,6 +149,11 @@ class PFLClient(NumPyClient):
                 set_arrays(self.model, personal, self.personal_group)
 
     # ---------------------------------------------------------------- wire
+    def get_properties(self, config: Config) -> Config:
+        """The partition id, by which the strategy samples and orders clients
+        (:mod:`flwr_pfl.strategies.sampling`)."""
+        return {"partition_id": self.partition_id}
+
     def get_parameters(self, config: Config) -> NDArrays:
         return [] if self.shared_group is None else get_arrays(self.model, self.shared_group)
 
@@ -169,16 +197,16 @@ class PFLClient(NumPyClient):
         return evaluate(self.model, loader, device=self.device, task=self.data.task, num_domains=self.data.num_domains)
 
     # ---------------------------------------------------------------- NumPyClient
+    @seeded_message
     def fit(self, parameters: NDArrays, config: Config) -> tuple[NDArrays, int, Config]:
         self.receive(parameters)
-        seed_everything(self.round_seed(config))
         metrics = self.local_update(config)
         self.keep_personal()
         num_examples = len(self.data.train.dataset)  # type: ignore[arg-type]
         return self.get_parameters(config), num_examples, {**metrics, "partition_id": self.partition_id}
 
+    @seeded_message
     def evaluate(self, parameters: NDArrays, config: Config) -> tuple[float, int, Config]:
         self.receive(parameters)
-        seed_everything(self.round_seed(config))
         result = self.local_evaluate(config)
         return result.loss, result.num_examples, {**result.metrics(), "partition_id": self.partition_id}

@@ -16,12 +16,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
-from flwr_pfl.clients.base import Config, NDArrays, PFLClient
+from flwr_pfl.clients.base import Config, NDArrays, PFLClient, seeded_message
 from flwr_pfl.core import feddar as core
 from flwr_pfl.data.types import Task
 from flwr_pfl.models.base import EncoderHeadModel
 from flwr_pfl.strategies.feddar import COUNTS_QUERY, PHASE_KEY, QUERY_KEY
-from flwr_pfl.training import EvalResult, collect_features, evaluate, get_arrays, seed_everything, set_arrays, train
+from flwr_pfl.training import EvalResult, collect_features, evaluate, get_arrays, set_arrays, train
 from flwr_pfl.training.loops import LossFn, supervised_loss, unpack_batch
 
 
@@ -96,7 +96,7 @@ class DomainAwareClient(PFLClient):
 
     def get_properties(self, config: Config) -> dict[str, bool | bytes | float | int | str]:
         if config.get(QUERY_KEY) != COUNTS_QUERY:
-            return {}
+            return super().get_properties(config)
         counts = self.domain_counts()
         return {
             "partition_id": self.partition_id,
@@ -112,6 +112,7 @@ class ReweightedFedAvgClient(DomainAwareClient):
     """FedAvg (w/ RW) and FedAvg + multi-head: the whole model trained for ``local-epochs`` on the
     u-re-weighted loss (1/|B|) sum_j u_{z_j} l_j (Eq. 6); the received ``[u]`` is the last array."""
 
+    @seeded_message
     def fit(self, parameters: NDArrays, config: Config) -> tuple[NDArrays, int, Config]:
         self.domain_counts()  # stops on bad domain labels
         self._u = torch.as_tensor(parameters[-1], dtype=torch.float32)
@@ -157,12 +158,12 @@ class FedDARClient(DomainAwareClient):
                 if bias is not None:
                     head.bias.copy_(bias)
 
+    @seeded_message
     def fit(self, parameters: NDArrays, config: Config) -> tuple[NDArrays, int, Config]:
         phase = str(config.get(PHASE_KEY, ""))
         if self.model.num_heads != self.num_domains:
             raise ValueError(f"FedDAR needs one head per domain: the model has {self.model.num_heads}, the data {self.num_domains} domains")
         counts = self.domain_counts()  # stops on bad domain labels
-        seed_everything(self.round_seed(config))
         optimizer = self.train_config.optimizer.scaled(float(config.get("lr-scale", 1.0)))
         epochs = int(config.get("epochs", 1))
         meta = {"partition_id": self.partition_id}
@@ -246,6 +247,7 @@ class SeparateFedAvgClient(DomainAwareClient):
         for m, model in enumerate(self.models):
             set_arrays(model, parameters[m * per_model : (m + 1) * per_model], "all")
 
+    @seeded_message
     def fit(self, parameters: NDArrays, config: Config) -> tuple[NDArrays, int, Config]:
         counts = self.domain_counts()
         arrays, n, metrics = super().fit(parameters, config)

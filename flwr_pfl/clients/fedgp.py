@@ -28,7 +28,7 @@ from flwr.app import Context
 from flwr.common import log
 from torch.utils.data import DataLoader, Subset
 
-from flwr_pfl.clients.base import Config, LocalData, NDArrays, PFLClient, TrainConfig
+from flwr_pfl.clients.base import Config, LocalData, NDArrays, PFLClient, TrainConfig, seeded_message
 from flwr_pfl.core.fedgp import (
     FDAConfig,
     SourceUpdate,
@@ -43,7 +43,7 @@ from flwr_pfl.core.fedgp import (
 )
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.models.base import EncoderHeadModel
-from flwr_pfl.training import get_arrays, seed_everything
+from flwr_pfl.training import get_arrays
 
 ROLE_KEY = "fedgp-role"
 
@@ -146,12 +146,12 @@ class FedGPClient(PFLClient):
             config = {**config, "server-round": int(config["fedgp.seed-round"])}
         return super().round_seed(config)
 
+    @seeded_message
     def fit(self, parameters: NDArrays, config: Config) -> tuple[NDArrays, int, Config]:
         aggregates = self.is_target and config.get("fedgp.stage") == Stage.TARGET.value
         n_model = len(self.model.state_dict())
         glob = list(parameters[:n_model]) if aggregates else list(parameters)
         self.receive(glob)
-        seed_everything(self.round_seed(config))
         n = len(self.data.train.dataset)  # type: ignore[arg-type]
         flags = buffer_flags(self.model)
         base = {"partition_id": self.partition_id, "is_target": int(self.is_target),
@@ -208,6 +208,7 @@ class FedGPClient(PFLClient):
             return np.zeros((0, m), dtype=np.float32)
         return prepare_step_updates(steps, roles, cfg)
 
+    @seeded_message
     def evaluate(self, parameters: NDArrays, config: Config) -> tuple[float, int, Config]:
         loss, n, metrics = super().evaluate(parameters, config)
         return loss, n, {**metrics, "is_target": int(self.is_target)}

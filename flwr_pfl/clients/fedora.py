@@ -21,17 +21,16 @@ import numpy as np
 import torch
 from flwr.common import log
 
-from flwr_pfl.clients.base import Config, NDArrays, PFLClient
+from flwr_pfl.clients.base import Config, NDArrays, PFLClient, seeded_message
 from flwr_pfl.core import fedora as core
 from flwr_pfl.models.base import EncoderHeadModel
-from flwr_pfl.strategies.fedora import PHASE_KEY, QUERY_KEY, SETUP_ERROR_KEY
+from flwr_pfl.strategies.fedora import PHASE_KEY, SETUP_ERROR_KEY
 from flwr_pfl.training import (
     EvalResult,
     collect_features,
     get_arrays,
     load_arrays,
     save_arrays,
-    seed_everything,
     set_arrays,
     train,
 )
@@ -116,9 +115,6 @@ class FEDORAClient(PFLClient):
             return [], max(n, 1), {**metrics, SETUP_ERROR_KEY: str(err)}
         return [u.astype(np.float32)], n, metrics
 
-    def get_properties(self, config: Config) -> Config:
-        return {"partition_id": self.partition_id}
-
     # ---------------------------------------------------------------- validation error (Eq. 8)
     def validation_loader(self) -> DataLoader:
         if self.data.val is not None:
@@ -139,6 +135,7 @@ class FEDORAClient(PFLClient):
         return core.validation_error(errors, options)
 
     # ---------------------------------------------------------------- NumPyClient
+    @seeded_message
     def fit(self, parameters: NDArrays, config: Config) -> tuple[NDArrays, int, Config]:
         if config.get(PHASE_KEY) == "setup":
             return self.setup(config)
@@ -154,7 +151,7 @@ class FEDORAClient(PFLClient):
         lam = float(core.selection_weight(loss_personal, loss_aux, sel))  # raises on NaN under "raise"
         aux_params = [p.detach().to(self.device) for p in aux.parameters()]
         seed = self.round_seed(config)
-        seed_everything(seed)
+        torch.manual_seed(seed)  # the LOCAL shadow model below sees the same batch order
         kwargs: dict = {}
         if lam > 0 and prox.mode == "loss":
             kwargs["regularizer"] = lambda m: core.proximal_penalty(list(m.parameters()), aux_params, lam, prox.factor)
@@ -204,16 +201,16 @@ class FEDORAClient(PFLClient):
         """One round of LOCAL training (same optimizer, epochs and batch order) on the shadow model."""
         local = self._local_model(parameters)
         assert local is not None
-        seed_everything(seed)
+        torch.manual_seed(seed)  # inside fit's seeded scope: restored when fit returns
         stats = train(local, self.data.train, optimizer=self.train_config.optimizer, device=self.device,
                       epochs=self.train_config.local_epochs, groups=("all",), task=self.data.task)
         save_arrays(self.context.state, LOCAL_KEY, get_arrays(local, "all"))
         return stats.loss
 
+    @seeded_message
     def evaluate(self, parameters: NDArrays, config: Config) -> tuple[float, int, Config]:
         """Evaluate the stored ``theta_k`` on the test split (and the validation split for the
         best-validation round), the LOCAL shadow model beside it, and ``theta_hat_k`` if sent."""
-        seed_everything(self.round_seed(config))
         trained = self.PERSONAL_KEY in self.context.state
         if not trained and parameters:
             set_arrays(self.model, parameters, "all")  # never trained: its model is theta_hat_k

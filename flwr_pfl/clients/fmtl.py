@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from flwr_pfl.clients.base import Config, NDArrays, PFLClient
+from flwr_pfl.clients.base import Config, NDArrays, PFLClient, seeded_message
 from flwr_pfl.core.fmtl import Augmentation, HeadLoss, fmtl_per_sample_loss, task_counts, task_statistics
 from flwr_pfl.models.base import EncoderHeadModel
 from flwr_pfl.training import EvalResult, collect_features, evaluate, get_arrays, load_arrays, save_arrays
@@ -159,6 +159,7 @@ class FedFMTLClient(PFLClient):
                                   regularizer=self._proximal(groups) if prox else None)
         return {"train_loss": stats.loss, "train_seconds": stats.seconds}
 
+    @seeded_message
     def fit(self, parameters: NDArrays, config: Config) -> tuple[NDArrays, int, Config]:
         arrays, num_examples, metrics = super().fit(parameters, config)
         if int(config.get("fmtl-phase", 1)) == 2 and config.get("fmtl-upload", "full") == "head_only":

@@ -20,7 +20,7 @@ import torch
 from flwr.app import Context
 from torch.utils.data import DataLoader, TensorDataset
 
-from flwr_pfl.clients.base import Config, LocalData, PFLClient, TrainConfig
+from flwr_pfl.clients.base import Config, LocalData, PFLClient, TrainConfig, seeded_message
 from flwr_pfl.core.pfedfda import (
     BetaResult,
     BetaStatus,
@@ -40,7 +40,6 @@ from flwr_pfl.training import (
     load_scalars,
     per_sample_loss,
     save_scalars,
-    seed_everything,
     set_arrays,
 )
 
@@ -125,10 +124,6 @@ class PFedFDAClient(PFLClient):
         self.global_means = torch.as_tensor(mu, dtype=torch.float32, device=self.device)
         self.global_cov = torch.as_tensor(sigma, dtype=torch.float32, device=self.device)
 
-    def get_properties(self, config: Config) -> Config:
-        """The partition id, so that the strategy can sample by partition (Table 4 protocol)."""
-        return {"partition_id": self.partition_id}
-
     # ---------------------------------------------------------------- helpers
     def _train_labels_and_domain(self) -> tuple[torch.Tensor, int]:
         """All training labels (for the priors pi_i) and the most frequent training domain."""
@@ -169,9 +164,9 @@ class PFedFDAClient(PFLClient):
             torch.cuda.synchronize(self.device)
 
     # ---------------------------------------------------------------- fit: Alg. 1 lines 5-12
+    @seeded_message
     def fit(self, parameters: NDArrays, config: Config) -> tuple[NDArrays, int, Config]:
         self.receive(parameters)
-        seed_everything(self.round_seed(config))
         assert self.global_means is not None and self.global_cov is not None
         labels, _ = self._train_labels_and_domain()
         priors = label_priors(labels, self.num_classes, self.fit_config.prior_eps).to(self.device)
@@ -235,9 +230,9 @@ class PFedFDAClient(PFLClient):
             y = torch.empty(0, dtype=torch.long, device=self.device)
         return self._personalize(z, y.long(), priors, self.config)
 
+    @seeded_message
     def evaluate(self, parameters: NDArrays, config: Config) -> tuple[float, int, Config]:
         self.receive(parameters)
-        seed_everything(self.round_seed(config))
         p = self.personalized()  # evaluation does not overwrite the fit-time beta (spec §8)
         self._set_head(p.weight, p.bias)
         result = self.evaluate_on(self.data.test)

@@ -8,8 +8,9 @@ bad replies, summarising metrics, recording results, checkpoint state) is writte
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
 from typing import Any
 
@@ -19,6 +20,7 @@ from flwr.common import (
     EvaluateRes,
     FitIns,
     FitRes,
+    GetPropertiesIns,
     Parameters,
     log,
     ndarrays_to_parameters,
@@ -31,6 +33,7 @@ from flwr.server.strategy import FedAvg
 from flwr_pfl.core.aggregation import weighted_average
 from flwr_pfl.core.metrics import aggregate_client_metrics
 from flwr_pfl.errors import ReplyError
+from flwr_pfl.strategies.sampling import PARTITION_QUERY, in_partition_order, sample_indices, sampling_rng
 from flwr_pfl.strategies.validation import ClientReply, Scalar, check_arrays
 
 NDArrays = list[np.ndarray]
@@ -55,12 +58,18 @@ class PFLStrategy(FedAvg):
         on_round: called after each fit and evaluate aggregation (results writers hook in here).
         wait_timeout: seconds to wait for ``num_clients`` clients before giving up with a
             message that names the numbers.
+        seed: seeds client sampling (:mod:`flwr_pfl.strategies.sampling`): the same seed
+            samples the same partitions in every round of every rerun.
     """
 
     name = "fedavg"
     #: the run's total number of rounds (0: unknown); the app sets it after building the
     #: strategy, for algorithms that treat the last round differently (pFedFDA: all clients)
     num_rounds: int = 0
+    #: whether every sampled client's partition id must be known before instructions are built
+    #: (algorithms with per-client server state); otherwise ids are asked for only when a
+    #: round samples part of the federation
+    needs_partition_ids: bool = False
 
     def __init__(
         self,
@@ -73,6 +82,7 @@ class PFLStrategy(FedAvg):
         fit_config: dict[str, Scalar] | None = None,
         on_round: RoundCallback | None = None,
         wait_timeout: float = 600.0,
+        seed: int = 0,
     ) -> None:
         if num_clients < 1:
             raise ValueError(f"num_clients must be >= 1, got {num_clients}")
@@ -91,6 +101,7 @@ class PFLStrategy(FedAvg):
         self.extra_fit_config = dict(fit_config or {})
         self.on_round = on_round
         self.wait_timeout = wait_timeout
+        self.seed = int(seed)
         self.global_arrays: NDArrays | None = initial_arrays
         self.round_offset = 0  # rounds completed before a resume
         self.partition_of: dict[str, int] = {}  # cid -> partition id, learned from replies
@@ -99,7 +110,8 @@ class PFLStrategy(FedAvg):
         return f"{type(self).__name__}(num_clients={self.num_clients}, fraction_fit={self.fraction_fit})"
 
     # ---------------------------------------------------------------- sampling and instructions
-    def _sample(self, client_manager: ClientManager, fraction: float, min_clients: int) -> list[ClientProxy]:
+    def wait_for_clients(self, client_manager: ClientManager) -> None:
+        """Wait up to ``wait_timeout`` seconds for ``num_clients`` connected clients."""
         if client_manager.num_available() < self.num_clients:
             log(INFO, "waiting up to %.0f s for num-clients=%d clients (%d connected); in simulation "
                 "the federation's num-supernodes must equal num-clients",
@@ -111,9 +123,62 @@ class PFLStrategy(FedAvg):
                 f"num-supernodes to {self.num_clients} (flwr run . --federation-config "
                 f"\"num-supernodes={self.num_clients}\") or change num-clients"
             )
+
+    def query_properties(
+        self, server_round: int, clients: list[ClientProxy], config: dict[str, Scalar]
+    ) -> list[dict[str, Scalar] | BaseException]:
+        """One ``get_properties(config)`` exchange with each of ``clients``, in parallel; the
+        answers (or the error of a client that could not answer) in the order of ``clients``."""
+        ins = GetPropertiesIns(dict(config))
+
+        def ask(proxy: ClientProxy) -> dict[str, Scalar] | BaseException:
+            try:
+                return dict(proxy.get_properties(ins, timeout=self.wait_timeout, group_id=server_round).properties)
+            except Exception as err:  # no answer or an error reply
+                return err
+
+        if not clients:
+            return []
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(clients))) as pool:
+            return list(pool.map(ask, clients))
+
+    def learn_partitions(self, server_round: int, clients: Iterable[ClientProxy]) -> None:
+        """Ask the clients whose partition id is unknown for it; a client that cannot answer
+        stays unknown and is asked again next time."""
+        unknown = [p for p in clients if p.cid not in self.partition_of]
+        config = {**PARTITION_QUERY, "server-round": self.round_offset + server_round}
+        for proxy, answer in zip(unknown, self.query_properties(server_round, unknown, config)):
+            partition = _partition_id(answer)
+            if partition is not None and 0 <= partition < self.num_clients:
+                self.partition_of[proxy.cid] = partition
+            else:
+                log(WARNING, "round %d: client %s did not report a partition id in [0, %d): %r",
+                    server_round, proxy.cid, self.num_clients, answer)
+
+    def all_clients(self, server_round: int, client_manager: ClientManager) -> list[ClientProxy]:
+        """Every connected client whose partition id is known, in partition order (after waiting
+        for ``num_clients``)."""
+        self.wait_for_clients(client_manager)
+        clients = list(client_manager.all().values())
+        self.learn_partitions(server_round, clients)
+        known = [p for p in clients if p.cid in self.partition_of]
+        return sorted(known, key=lambda p: (self.partition_of[p.cid], p.cid))
+
+    def _sample(
+        self, client_manager: ClientManager, server_round: int, fraction: float, min_clients: int, stage: str = "fit"
+    ) -> list[ClientProxy]:
+        """``max(fraction * K, min_clients)`` of the K connected clients, the same ones in every
+        rerun: drawn by partition id from the round's own seeded generator
+        (:func:`~flwr_pfl.strategies.sampling.sampling_rng`), never from Python's ``random``."""
+        self.wait_for_clients(client_manager)
         available = client_manager.num_available()
-        size = max(int(available * fraction), min_clients)
-        return client_manager.sample(num_clients=min(size, available), min_num_clients=min_clients)
+        size = min(max(int(available * fraction), min_clients), available)
+        if size >= available and not self.needs_partition_ids:
+            clients = list(client_manager.all().values())  # everyone: no need to know who is who
+            return sorted(clients, key=lambda p: (self.partition_of.get(p.cid, -1), p.cid))
+        clients = self.all_clients(server_round, client_manager)
+        rng = sampling_rng(self.seed, stage, self.round_offset + server_round)
+        return [clients[i] for i in sample_indices(len(clients), size, rng)]
 
     def fit_instructions(
         self, server_round: int, parameters: Parameters, clients: list[ClientProxy]
@@ -127,7 +192,7 @@ class PFLStrategy(FedAvg):
     ) -> list[tuple[ClientProxy, FitIns]]:
         if self.global_arrays is None:
             self.global_arrays = parameters_to_ndarrays(parameters)
-        clients = self._sample(client_manager, self.fraction_fit, self.min_fit_clients)
+        clients = self._sample(client_manager, server_round, self.fraction_fit, self.min_fit_clients)
         return self.fit_instructions(server_round, parameters, clients)
 
     def configure_evaluate(
@@ -135,7 +200,7 @@ class PFLStrategy(FedAvg):
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
         if self.fraction_evaluate == 0.0:
             return []
-        clients = self._sample(client_manager, self.fraction_evaluate, self.min_evaluate_clients)
+        clients = self._sample(client_manager, server_round, self.fraction_evaluate, self.min_evaluate_clients, "evaluate")
         config: dict[str, Scalar] = {"server-round": self.round_offset + server_round}
         return [(proxy, EvaluateIns(parameters, dict(config))) for proxy in clients]
 
@@ -169,7 +234,7 @@ class PFLStrategy(FedAvg):
         start = time.perf_counter()
         replies: list[ClientReply] = []
         rejected = 0
-        for proxy, res in results:
+        for proxy, res in in_partition_order(results):  # sums must not depend on arrival order
             try:
                 replies.append(self.check_reply(server_round, proxy, res))
             except ReplyError as err:
@@ -205,7 +270,7 @@ class PFLStrategy(FedAvg):
         failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
     ) -> tuple[float | None, dict[str, Scalar]]:
         valid: list[tuple[ClientProxy, EvaluateRes]] = []
-        for proxy, res in results:
+        for proxy, res in in_partition_order(results):
             if res.num_examples > 0 and np.isfinite(res.loss):
                 valid.append((proxy, res))
             else:
@@ -236,6 +301,16 @@ class PFLStrategy(FedAvg):
         self.global_arrays = [np.asarray(a) for a in state["global_arrays"]]
         self.initial_parameters = ndarrays_to_parameters(self.global_arrays)
         self.round_offset = rounds_done
+
+
+def _partition_id(answer: dict[str, Scalar] | BaseException) -> int | None:
+    """The ``partition_id`` of a ``get_properties`` answer, or None."""
+    if isinstance(answer, BaseException):
+        return None
+    try:
+        return int(answer["partition_id"])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _headline(metrics: dict[str, float]) -> str:

@@ -46,12 +46,11 @@ loss; with one head per domain it is "FedAvg + multi-head", :class:`FedAvgMultiH
 
 from __future__ import annotations
 
-import concurrent.futures
 from logging import WARNING
 from typing import Any
 
 import numpy as np
-from flwr.common import FitIns, FitRes, GetPropertiesIns, Parameters, log, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import FitIns, FitRes, Parameters, log, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.server import fit_clients
@@ -61,6 +60,7 @@ from flwr_pfl.core.aggregation import weighted_average
 from flwr_pfl.core.metrics import aggregate_client_metrics
 from flwr_pfl.errors import ReplyError
 from flwr_pfl.strategies.base import PFLStrategy
+from flwr_pfl.strategies.sampling import in_partition_order
 from flwr_pfl.strategies.validation import ClientReply, Scalar, check_arrays
 
 #: head size above which second-order aggregation is warned about (P = N (k + 1); the paper
@@ -96,18 +96,17 @@ class DomainCountingStrategy(PFLStrategy):
     # ---------------------------------------------------------------- counts
     def gather_counts(self, client_manager: ClientManager, server_round: int) -> None:
         """Ask the connected clients not yet in the count table for their L_{i,m}."""
-        unknown = [p for cid, p in client_manager.all().items() if cid not in self.partition_of]
+        unknown = [p for cid, p in sorted(client_manager.all().items()) if self.partition_of.get(cid) not in self.count_table]
         if not unknown:
             return
-        ins = GetPropertiesIns({QUERY_KEY: COUNTS_QUERY, "server-round": self.round_offset + server_round})
-        with concurrent.futures.ThreadPoolExecutor() as pool:
-            futures = {pool.submit(p.get_properties, ins, None, server_round): p for p in unknown}
-            for future in concurrent.futures.as_completed(futures):
-                proxy = futures[future]
-                try:
-                    self._record_counts(proxy, dict(future.result().properties))
-                except Exception as err:  # a failed or malformed answer: that client stays unknown
-                    log(WARNING, "round %d: no domain counts from client %s: %s", server_round, proxy.cid, err)
+        config = {QUERY_KEY: COUNTS_QUERY, "server-round": self.round_offset + server_round}
+        for proxy, answer in zip(unknown, self.query_properties(server_round, unknown, config)):
+            try:
+                if isinstance(answer, BaseException):
+                    raise answer
+                self._record_counts(proxy, answer)
+            except Exception as err:  # a failed or malformed answer: that client stays unknown
+                log(WARNING, "round %d: no domain counts from client %s: %s", server_round, proxy.cid, err)
         if not self.count_table:
             raise RuntimeError("no client reported its per-domain sample counts; FedDAR cannot start")
 
@@ -139,7 +138,7 @@ class DomainCountingStrategy(PFLStrategy):
     def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
         if self.global_arrays is None:
             self.global_arrays = parameters_to_ndarrays(parameters)
-        clients = self._sample(client_manager, self.fraction_fit, self.min_fit_clients)
+        clients = self._sample(client_manager, server_round, self.fraction_fit, self.min_fit_clients)
         self.gather_counts(client_manager, server_round)
         return self.fit_instructions(server_round, parameters, clients)
 
@@ -363,7 +362,7 @@ class FedDAR(DomainCountingStrategy):
         results, failures = fit_clients([(p, ins) for p in clients], max_workers=None, timeout=None, group_id=server_round)
         replies: list[ClientReply] = []
         rejected = 0
-        for proxy, res in results:
+        for proxy, res in in_partition_order(results):  # the head sums must not depend on arrival order
             try:
                 replies.append(self.check_head_reply(proxy, res))
             except ReplyError as err:

@@ -29,7 +29,8 @@ Wire layout (P = the model's arrays in ``state_dict`` order; client index k = pa
   ``aux_accuracy``); client -> server loss and metrics ``accuracy``, ``val_accuracy``,
   ``local_accuracy``, ``local_val_accuracy`` (LOCAL shadow model), ``trained``.
 * A client whose partition id is unknown (no setup reply, or after a resume) is asked once by
-  ``get_properties({"fedora-query": "partition-id"})`` -> ``{"partition_id"}``.
+  ``get_properties({"query": "partition-id"})`` -> ``{"partition_id"}`` (the base strategy's
+  :meth:`~flwr_pfl.strategies.base.PFLStrategy.learn_partitions`).
 
 Server state and memory
 -----------------------
@@ -76,7 +77,6 @@ from flwr_pfl.strategies.base import NDArrays, PFLStrategy
 from flwr_pfl.strategies.validation import ClientReply, Scalar
 
 PHASE_KEY = "fedora-phase"
-QUERY_KEY = "fedora-query"
 SETUP_ERROR_KEY = "fedora-setup-error"
 REPORT_ROUNDS = ("last", "best_val")
 
@@ -131,6 +131,7 @@ class FEDORA(PFLStrategy):
     """
 
     name = "fedora"
+    needs_partition_ids = True  # each client is sent its own row of theta_hat
 
     def __init__(
         self,
@@ -163,8 +164,8 @@ class FEDORA(PFLStrategy):
 
     # ---------------------------------------------------------------- setup exchange
     def _all_clients(self, client_manager: ClientManager) -> list[ClientProxy]:
-        self._sample(client_manager, 1.0, 1)  # waits for the whole federation
-        return list(client_manager.all().values())
+        self.wait_for_clients(client_manager)
+        return [proxy for _, proxy in sorted(client_manager.all().items())]
 
     def setup(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> None:
         """Collect every client's ``U_k`` and build the graph and the two buffers (Alg. 1 l. 1-7)."""
@@ -174,17 +175,25 @@ class FEDORA(PFLStrategy):
         ins = FitIns(Parameters(tensors=[], tensor_type="numpy.ndarray"), subspace_config(self.config.subspace))
         uploads: dict[int, np.ndarray] = {}
         clients = self._all_clients(client_manager)
+
+        def ask(proxy: ClientProxy) -> Any:
+            try:
+                return proxy.fit(ins, self.wait_timeout, server_round)
+            except Exception as err:  # no reply or an error reply
+                return err
+
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(clients))) as pool:
-            futures = {pool.submit(p.fit, ins, self.wait_timeout, server_round): p for p in clients}
-            for future in concurrent.futures.as_completed(futures):
-                proxy = futures[future]
-                try:
-                    pid, u = self._read_setup(proxy, future.result())
-                except Exception as err:  # no reply, an error reply or a malformed one
-                    log(WARNING, "FEDORA setup: no subspace from client %s: %s", proxy.cid, err)
-                    continue
-                if u is not None:
-                    uploads[pid] = u
+            replies = list(pool.map(ask, clients))  # read in node order, whatever answers first
+        for proxy, reply in zip(clients, replies):
+            try:
+                if isinstance(reply, BaseException):
+                    raise reply
+                pid, u = self._read_setup(proxy, reply)
+            except Exception as err:  # no reply, an error reply or a malformed one
+                log(WARNING, "FEDORA setup: no subspace from client %s: %s", proxy.cid, err)
+                continue
+            if u is not None:
+                uploads[pid] = u
         subspaces = self._check_subspaces(uploads, k_total)
         present = sum(u is not None for u in subspaces)
         if present == 0:
@@ -229,21 +238,6 @@ class FEDORA(PFLStrategy):
                 log(WARNING, "FEDORA setup: rejected the subspace of partition %d: %s", pid, err)
         return out
 
-    def _learn_partitions(self, server_round: int, clients: list[ClientProxy]) -> None:
-        """Ask clients whose partition id is unknown for it (no setup reply, or after a resume)."""
-        ins = GetPropertiesIns({QUERY_KEY: "partition-id", "server-round": self.round_offset + server_round})
-        for proxy in clients:
-            if proxy.cid in self.partition_of:
-                continue
-            try:
-                res = proxy.get_properties(ins, timeout=self.wait_timeout, group_id=server_round)
-                pid = int(res.properties.get("partition_id", -1))
-            except Exception as err:
-                log(WARNING, "round %d: client %s did not report its partition id: %r", server_round, proxy.cid, err)
-                continue
-            if 0 <= pid < self.num_clients:
-                self.partition_of[proxy.cid] = pid
-
     # ---------------------------------------------------------------- instructions
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
@@ -252,8 +246,7 @@ class FEDORA(PFLStrategy):
             self.global_arrays = parameters_to_ndarrays(parameters)
         if self.graph is None:
             self.setup(server_round, parameters, client_manager)
-        clients = self._sample(client_manager, self.fraction_fit, self.min_fit_clients)
-        self._learn_partitions(server_round, clients)
+        clients = self._sample(client_manager, server_round, self.fraction_fit, self.min_fit_clients)
         return self.fit_instructions(server_round, parameters, clients)
 
     def fit_instructions(
@@ -287,8 +280,7 @@ class FEDORA(PFLStrategy):
         current = self.round_offset + server_round
         if current % self.eval_every and not (self.num_rounds and current >= self.num_rounds):
             return []
-        clients = self._sample(client_manager, self.fraction_evaluate, self.min_evaluate_clients)
-        self._learn_partitions(server_round, clients)
+        clients = self._sample(client_manager, server_round, self.fraction_evaluate, self.min_evaluate_clients, "evaluate")
         config: dict[str, Scalar] = {"server-round": self.round_offset + server_round}
         empty = Parameters(tensors=[], tensor_type="numpy.ndarray")
         out = []

@@ -233,7 +233,7 @@ class FedFMTL(PFLStrategy):
         fraction = self.fraction_fit
         if self.phase(server_round) == 2 and self.phase2_fraction_fit > 0:
             fraction = self.phase2_fraction_fit
-        clients = self._sample(client_manager, fraction, self.min_fit_clients)
+        clients = self._sample(client_manager, server_round, fraction, self.min_fit_clients)
         return self.fit_instructions(server_round, parameters, clients)
 
     def fit_instructions(

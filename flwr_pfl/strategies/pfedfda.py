@@ -37,7 +37,6 @@ from flwr.common import (
     EvaluateRes,
     FitIns,
     FitRes,
-    GetPropertiesIns,
     Parameters,
     log,
     ndarrays_to_parameters,
@@ -60,6 +59,7 @@ from flwr_pfl.core.pfedfda import (
 )
 from flwr_pfl.errors import ReplyError
 from flwr_pfl.strategies.base import NDArrays, PFLStrategy
+from flwr_pfl.strategies.sampling import in_partition_order, sample_indices, sampling_rng
 from flwr_pfl.strategies.validation import ClientReply, Scalar
 
 SAMPLING_MODES = ("bernoulli", "fixed")
@@ -77,13 +77,12 @@ class PFedFDA(PFLStrategy):
         eval_every: evaluate every this many rounds and after the last (0: only the last).
             The last evaluation covers every client, including those never sampled.
         mean_init: ``uniform`` (official code) or ``gaussian`` (paper) initial means.
-        seed: seed of the sampling generator and of the initial means; None draws it from
-            NumPy's global generator (which the app seeds with the run's seed).
         num_rounds: the run's total rounds (0: unknown; then no round counts as the last).
         train_clients: only partitions below this train (0: all); the rest are new clients,
             evaluated without ever training (Table 4 protocol).
         packed_cov: Sigma travels as its upper triangle.
-        **kwargs: :class:`PFLStrategy`'s arguments (``num_clients``, ``fraction_fit`` = q, ...).
+        **kwargs: :class:`PFLStrategy`'s arguments (``num_clients``, ``fraction_fit`` = q,
+            ``seed``: seeds the per-round sampling and the initial means, ...).
     """
 
     name = "pfedfda"
@@ -95,7 +94,6 @@ class PFedFDA(PFLStrategy):
         full_last_round: bool = True,
         eval_every: int = 1,
         mean_init: str = "uniform",
-        seed: int | None = None,
         num_rounds: int = 0,
         train_clients: int = 0,
         packed_cov: bool = False,
@@ -112,8 +110,6 @@ class PFedFDA(PFLStrategy):
         self.full_last_round = full_last_round
         self.eval_every = eval_every
         self.mean_init = mean_init
-        self.seed = int(np.random.randint(0, 2**31 - 1)) if seed is None else int(seed)
-        self.rng = np.random.default_rng(self.seed)
         if num_rounds:
             self.num_rounds = num_rounds
         self.train_clients = train_clients
@@ -134,29 +130,6 @@ class PFedFDA(PFLStrategy):
         mu0, sigma0 = init_global_statistics(mu.shape[0], mu.shape[1], init=self.mean_init, seed=self.seed)  # type: ignore[arg-type]
         return join_wire(backbone, mu0, sigma0, packed_cov=self.packed_cov)
 
-    def _learn_partitions(self, server_round: int, clients: list[ClientProxy]) -> None:
-        """Ask clients whose partition id is unknown for it (one get_properties exchange)."""
-        for proxy in clients:
-            if proxy.cid in self.partition_of:
-                continue
-            try:
-                res = proxy.get_properties(
-                    GetPropertiesIns({"server-round": server_round}), timeout=self.wait_timeout, group_id=server_round
-                )
-                pid = int(res.properties.get("partition_id", -1))
-            except Exception as err:  # a client that cannot answer keeps an unknown partition
-                log(WARNING, "round %d: client %s did not report its partition id: %r", server_round, proxy.cid, err)
-                continue
-            if pid >= 0:
-                self.partition_of[proxy.cid] = pid
-
-    def _all_clients(self, server_round: int, client_manager: ClientManager) -> list[ClientProxy]:
-        """Every connected client (after waiting for ``num_clients``), in partition order."""
-        self._sample(client_manager, 1.0, 1)  # waits for the whole federation
-        clients = list(client_manager.all().values())
-        self._learn_partitions(server_round, clients)
-        return sorted(clients, key=lambda p: (self.partition_of.get(p.cid, 1 << 30), p.cid))
-
     # ---------------------------------------------------------------- instructions
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
@@ -164,19 +137,20 @@ class PFedFDA(PFLStrategy):
         if self.global_arrays is None:
             self.global_arrays = self._initial_arrays(parameters)
         parameters = ndarrays_to_parameters(self.global_arrays)
-        clients = self._all_clients(server_round, client_manager)
+        clients = self.all_clients(server_round, client_manager)
         if self.train_clients:
             clients = [p for p in clients if 0 <= self.partition_of.get(p.cid, -1) < self.train_clients]
             if not clients:
                 raise RuntimeError(f"train_clients={self.train_clients} leaves no client with a known partition id to train")
         last = self.full_last_round and self.is_last_round(server_round)
+        rng = sampling_rng(self.seed, "fit", self.round_offset + server_round)
         if self.sampling == "bernoulli":
-            chosen = bernoulli_participation(len(clients), self.fraction_fit, self.rng, full=last)
+            chosen = bernoulli_participation(len(clients), self.fraction_fit, rng, full=last)
         elif last:
             chosen = np.arange(len(clients))
         else:
             size = max(int(len(clients) * self.fraction_fit), self.min_fit_clients, 1)
-            chosen = np.sort(self.rng.choice(len(clients), size=min(size, len(clients)), replace=False))
+            chosen = sample_indices(len(clients), size, rng)
         selected = [clients[i] for i in chosen]
         log(INFO, "round %d: %d of %d clients sampled%s", server_round, len(selected), len(clients), " (last round: all)" if last else "")
         return self.fit_instructions(server_round, parameters, selected)
@@ -191,9 +165,9 @@ class PFedFDA(PFLStrategy):
         if self.global_arrays is not None:
             parameters = ndarrays_to_parameters(self.global_arrays)
         if last:
-            clients = self._all_clients(server_round, client_manager)  # the paper evaluates everyone
+            clients = self.all_clients(server_round, client_manager)  # the paper evaluates everyone
         else:
-            clients = self._sample(client_manager, self.fraction_evaluate, self.min_evaluate_clients)
+            clients = self._sample(client_manager, server_round, self.fraction_evaluate, self.min_evaluate_clients, "evaluate")
         config: dict[str, Scalar] = {"server-round": self.round_offset + server_round}
         return [(proxy, EvaluateIns(parameters, dict(config))) for proxy in clients]
 
@@ -211,12 +185,7 @@ class PFedFDA(PFLStrategy):
         return reply
 
     def aggregate_replies(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
-        """Alg. 1 line 15: n_i-weighted means of phi, mu and Sigma (FedAvg over the extended list).
-
-        Replies are summed in partition order, so that the result does not depend on the order
-        in which clients finished (floating-point sums are not associative).
-        """
-        replies = sorted(replies, key=lambda r: (r.partition_id, r.cid))
+        """Alg. 1 line 15: n_i-weighted means of phi, mu and Sigma (FedAvg over the extended list)."""
         counts = [r.num_examples for r in replies]
         parts = [self.split(r.arrays) for r in replies]
         backbone = weighted_average([p[0] for p in parts], counts) if parts[0][0] else []
@@ -246,7 +215,7 @@ class PFedFDA(PFLStrategy):
     ) -> tuple[float | None, dict[str, Scalar]]:
         """The base summaries plus the paper's: accuracy mean (std, Bessel) across clients, and
         beta for clean (domain 0) vs shifted clients and for clients never trained."""
-        valid = [r for _, r in results if r.num_examples > 0 and np.isfinite(r.loss)]
+        valid = [r for _, r in in_partition_order(results) if r.num_examples > 0 and np.isfinite(r.loss)]
         summary = self._evaluate_summary(valid)
         self._extra["evaluate"] = summary  # merged into what the results writer sees
         loss, metrics = super().aggregate_evaluate(server_round, results, failures)
@@ -277,11 +246,10 @@ class PFedFDA(PFLStrategy):
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """The base state plus the sampling generator and the learned partition ids."""
-        return {**super().state_dict(), "rng": self.rng.bit_generator.state, "partition_of": dict(self.partition_of)}
+        """The base state plus the learned partition ids (sampling needs no state: each round's
+        generator is derived from the seed and the round)."""
+        return {**super().state_dict(), "partition_of": dict(self.partition_of)}
 
     def load_state_dict(self, state: dict[str, Any], rounds_done: int) -> None:
         super().load_state_dict(state, rounds_done)
-        if "rng" in state:
-            self.rng.bit_generator.state = state["rng"]
         self.partition_of.update(state.get("partition_of", {}))

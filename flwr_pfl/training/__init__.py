@@ -20,12 +20,12 @@ from flwr_pfl.training.params import (
     only_trainable,
     set_arrays,
 )
-from flwr_pfl.training.seed import client_seed, seed_everything
+from flwr_pfl.training.seed import client_seed, seed_everything, seeded
 from flwr_pfl.training.state import load_arrays, load_scalars, save_arrays, save_scalars
 
 __all__ = [
     "EvalResult", "NDArrays", "OptimizerConfig", "TrainStats", "client_seed", "collect_features", "evaluate",
     "get_arrays", "group_keys", "group_parameters", "group_shapes", "load_arrays", "load_scalars",
     "make_optimizer", "only_trainable", "per_sample_loss", "resolve_device", "save_arrays",
-    "save_scalars", "seed_everything", "set_arrays", "set_num_threads", "supervised_loss", "train",
+    "save_scalars", "seed_everything", "seeded", "set_arrays", "set_num_threads", "supervised_loss", "train",
 ]

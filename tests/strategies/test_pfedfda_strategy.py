@@ -213,16 +213,19 @@ def test_a_rejected_reply_is_counted_and_the_round_goes_on():
     assert params is not None and np.isfinite(metrics["sigma_g_trace"])
 
 
-def test_state_dict_round_trip_keeps_the_sampling_stream():
+def test_resumed_strategy_samples_what_the_uninterrupted_run_sampled():
     s = ready_strategy(num_rounds=10)
     cm = manager(10)
     params = ndarrays_to_parameters(wire())
     state = s.state_dict()
-    ahead = [len(s.configure_fit(r, params, cm)) for r in range(2, 8)]
-    t = strategy(num_rounds=10, seed=123)
+    ahead = [[p.cid for p, _ in s.configure_fit(r, params, cm)] for r in range(2, 8)]
+    t = strategy(num_rounds=10)  # the same config: each round's draw depends on (seed, round) only
     t.load_state_dict(state, rounds_done=1)
-    again = [len(t.configure_fit(r, params, cm)) for r in range(1, 7)]
+    again = [[p.cid for p, _ in t.configure_fit(r, params, cm)] for r in range(1, 7)]
     assert ahead == again
+    other = strategy(num_rounds=10, seed=123)
+    other.load_state_dict(state, rounds_done=1)
+    assert [[p.cid for p, _ in other.configure_fit(r, params, cm)] for r in range(1, 7)] != ahead
 
 
 # ------------------------------------------------------------------------------------------
