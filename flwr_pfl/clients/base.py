@@ -143,6 +143,11 @@ class PFLClient(NumPyClient):
     def round_seed(self, config: Config) -> int:
         return client_seed(self.train_config.seed, self.partition_id, int(config.get("server-round", 0)))
 
+    @property
+    def who(self) -> str:
+        """This client as errors name it: ``partition <id>`` (``partition ?`` when unknown)."""
+        return f"partition {self.partition_id}" if self.partition_id >= 0 else "partition ?"
+
     def train_groups(self, groups: tuple[str, ...], epochs: int, **kwargs) -> TrainStats:
         """Run the shared train loop on ``groups`` with this client's settings."""
         return train(
@@ -153,6 +158,7 @@ class PFLClient(NumPyClient):
             epochs=epochs,
             groups=groups,
             task=self.data.task,
+            who=kwargs.pop("who", self.who),
             **kwargs,
         )
 
