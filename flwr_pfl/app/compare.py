@@ -25,6 +25,9 @@ from typing import Any
 import numpy as np
 
 from flwr_pfl.app.config import parse_experiment
+from flwr_pfl.app.keys import with_suggestions
+from flwr_pfl.app.registry import ALGORITHMS
+from flwr_pfl.errors import ConfigError
 
 #: figures reported per algorithm (those a run produced)
 REPORTED = (
@@ -113,16 +116,57 @@ def _home_relative(value: Any) -> Any:
     return value
 
 
+def run_configs(base_config: dict[str, Any], algorithms: list[str], seeds: list[int], out: Path) -> dict[str, list[dict[str, Any]]]:
+    """The run config of every (algorithm, seed), checked before anything runs.
+
+    A comparison can take hours; a misspelt algorithm name, or an option one algorithm refuses,
+    must stop it at once, not after the runs listed before it. Every name is checked against
+    the registry (all unknown names in one message, with the closest known ones), then every
+    algorithm's config is parsed and its strategy built, and every failure is reported together.
+
+    Raises:
+        ConfigError: unknown algorithm names, or configurations that do not parse.
+    """
+    unknown = [a for a in dict.fromkeys(algorithms) if a not in ALGORITHMS]
+    if unknown:
+        raise ConfigError(
+            f"--algorithms: unknown algorithm name(s) {with_suggestions(unknown, ALGORITHMS)}; "
+            f"allowed: {', '.join(sorted(ALGORITHMS))}"
+        )
+    configs = {
+        a: [{**base_config, "algorithm": a, "seed": seed, "output-dir": str(out / "runs"), "run-name": f"{a}-s{seed}"}
+            for seed in seeds]
+        for a in algorithms
+    }
+    problems = list(dict.fromkeys(  # one line per algorithm and distinct problem
+        f"{a}: {err}" for a, runs in configs.items() for err in map(_config_problem, runs) if err
+    ))
+    if problems:
+        raise ConfigError("the comparison's configuration is refused, nothing was run:\n  " + "\n  ".join(problems))
+    return configs
+
+
+def _config_problem(config: dict[str, Any]) -> str | None:
+    """Why ``config`` would stop its run before training (its parse or its strategy), or None."""
+    from flwr_pfl.app.server_app import build_strategy
+
+    try:
+        build_strategy(parse_experiment(config))
+    except ConfigError as err:
+        return str(err)
+    return None
+
+
 def compare(base_config: dict[str, Any], algorithms: list[str], seeds: list[int], out: Path, engine: str = "inprocess") -> dict[str, Any]:
-    """Run every (algorithm, seed) and write the comparison files; returns the summary."""
+    """Run every (algorithm, seed) and write the comparison files; returns the summary.
+
+    Every configuration is checked first (:func:`run_configs`).
+    """
     out = out.resolve()
-    curves: dict[str, list[list[dict[str, Any]]]] = {}
-    for algorithm in algorithms:
-        curves[algorithm] = []
-        for seed in seeds:
-            config = {**base_config, "algorithm": algorithm, "seed": seed,
-                      "output-dir": str(out / "runs"), "run-name": f"{algorithm}-s{seed}"}
-            curves[algorithm].append(run_one(config, engine))
+    configs = run_configs(base_config, algorithms, seeds, out)
+    curves: dict[str, list[list[dict[str, Any]]]] = {
+        algorithm: [run_one(config, engine) for config in runs] for algorithm, runs in configs.items()
+    }
     summary = {algorithm: summarize_runs(runs) for algorithm, runs in curves.items()}
     out.mkdir(parents=True, exist_ok=True)
     shareable = {k: _home_relative(v) for k, v in base_config.items()}

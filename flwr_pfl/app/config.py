@@ -9,7 +9,6 @@ behave the same; a test keeps pyproject.toml and these defaults in step.
 
 from __future__ import annotations
 
-import difflib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from flwr_pfl.app.keys import flat_dict, keys_of, parse_section
+from flwr_pfl.app.keys import flat_dict, keys_of, parse_section, with_suggestions
 from flwr_pfl.app.registry import ALGORITHMS, get_algorithm
 from flwr_pfl.clients.base import TrainConfig
 from flwr_pfl.data.config import DataConfig
@@ -153,9 +152,9 @@ def parse_experiment(raw: Mapping[str, Any]) -> Experiment:
     known = known_keys()
     unknown = sorted(set(raw) - known)
     if unknown:
-        hints = {k: difflib.get_close_matches(k, known, n=3) for k in unknown}
-        detail = "; ".join(f"{k!r} (did you mean {', '.join(h)}?)" if h else repr(k) for k, h in hints.items())
-        raise ConfigError(f"unknown run-config key(s): {detail}. Known keys: {', '.join(sorted(known))}")
+        raise ConfigError(
+            f"unknown run-config key(s): {with_suggestions(unknown, known)}. Known keys: {', '.join(sorted(known))}"
+        )
     run = parse_section(RunConfig, raw)
     data = parse_section(DataConfig, raw)
     # Every algorithm's options are checked, not only the chosen one's: a preset that sets

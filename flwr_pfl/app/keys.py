@@ -9,8 +9,9 @@ field's type here, and ranges by the dataclass's own ``__post_init__``.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, TypeVar
 
 from flwr_pfl.errors import ConfigError
@@ -58,6 +59,12 @@ def check_choice(key: str, value: str, allowed: Sequence[str]) -> None:
         if "" in allowed:
             shown += ' or "" (the preset\'s)'
         raise ConfigError(f"{key}={value!r} is not allowed; choose one of {shown}")
+
+
+def with_suggestions(names: Sequence[str], known: Collection[str]) -> str:
+    """``'x' (did you mean y, z?)`` for each unknown name (closest known names), ``;``-joined."""
+    hints = {name: difflib.get_close_matches(name, list(known), n=3) for name in names}
+    return "; ".join(f"{n!r} (did you mean {', '.join(h)}?)" if h else repr(n) for n, h in hints.items())
 
 
 def parse_section(cls: type[T], raw: Mapping[str, Any], prefix: str = "") -> T:

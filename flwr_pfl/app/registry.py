@@ -16,6 +16,7 @@ from typing import Any
 
 import importlib
 
+from flwr_pfl.app.keys import with_suggestions
 from flwr_pfl.clients.base import PFLClient
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.strategies.base import PFLStrategy
@@ -76,7 +77,9 @@ def get_algorithm(name: str) -> AlgorithmSpec:
     try:
         return ALGORITHMS[name]
     except KeyError:
-        raise ConfigError(f"algorithm={name!r} is unknown; allowed: {', '.join(sorted(ALGORITHMS))}") from None
+        raise ConfigError(
+            f"algorithm={with_suggestions([name], ALGORITHMS)} is unknown; allowed: {', '.join(sorted(ALGORITHMS))}"
+        ) from None
 
 
 #: modules under flwr_pfl.app.entries that register algorithms when imported

@@ -19,7 +19,7 @@ from flwr.app import Context
 from flwr.client import NumPyClient
 from torch.utils.data import DataLoader
 
-from flwr_pfl.data.types import ClientData, Task
+from flwr_pfl.data.types import ClientData, Task, no_training_samples
 from flwr_pfl.models.base import EncoderHeadModel
 from flwr_pfl.training import (
     EvalResult,
@@ -98,10 +98,12 @@ class LocalData:
         """Loaders over a :class:`ClientData` (the suite's own datasets).
 
         The training loader shuffles with torch's global generator, which every message seeds
-        (:func:`seeded_message`).
+        (:func:`seeded_message`). An empty training split gets a plain loader (torch refuses to
+        shuffle nothing) so that the client, which knows its partition id, reports it
+        (:meth:`PFLClient.check_training_data`).
         """
         return cls(
-            train=data.train.loader(batch_size, shuffle=True),
+            train=data.train.loader(batch_size, shuffle=len(data.train) > 0),
             test=data.test.loader(max(batch_size, 256), shuffle=False),
             val=data.val.loader(max(batch_size, 256), shuffle=False) if len(data.val) else None,
             num_domains=data.num_domains,
@@ -143,10 +145,22 @@ class PFLClient(NumPyClient):
         self.train_config = train_config or TrainConfig()
         self.device = resolve_device(self.train_config.device)
         self.partition_id = int(context.node_config.get("partition-id", -1))
+        self.check_training_data()
         if self.personal_group is not None:
             personal = load_arrays(context.state, self.PERSONAL_KEY)
             if personal is not None:
                 set_arrays(self.model, personal, self.personal_group)
+
+    def check_training_data(self) -> None:
+        """Refuse an empty training set here, once for every algorithm, with a message naming
+        the partition (each algorithm would otherwise fail later with an unrelated error, or
+        silently report zero examples). Loaders without a length are not checked."""
+        try:
+            size = len(self.data.train.dataset)  # type: ignore[arg-type]
+        except TypeError:
+            return
+        if size == 0:
+            raise no_training_samples(self.who, " (its training loader is empty)")
 
     # ---------------------------------------------------------------- wire
     def get_properties(self, config: Config) -> Config:
@@ -171,6 +185,11 @@ class PFLClient(NumPyClient):
     def round_seed(self, config: Config) -> int:
         return client_seed(self.train_config.seed, self.partition_id, int(config.get("server-round", 0)))
 
+    @property
+    def who(self) -> str:
+        """This client as errors name it: ``partition <id>`` (``partition ?`` when unknown)."""
+        return f"partition {self.partition_id}" if self.partition_id >= 0 else "partition ?"
+
     def train_groups(self, groups: tuple[str, ...], epochs: int, **kwargs) -> TrainStats:
         """Run the shared train loop on ``groups`` with this client's settings."""
         return train(
@@ -181,6 +200,7 @@ class PFLClient(NumPyClient):
             epochs=epochs,
             groups=groups,
             task=self.data.task,
+            who=kwargs.pop("who", self.who),
             **kwargs,
         )
 

@@ -199,7 +199,8 @@ class FedDARClient(DomainAwareClient):
                 head_model.heads = self.model.heads  # shared modules: training them trains the model's heads
                 loader = DataLoader(TensorDataset(feats.cpu(), y.cpu(), d.cpu()), batch_size=self.data.train.batch_size or 32, shuffle=True)
                 stats = train(head_model, loader, optimizer=optimizer, device=self.device, epochs=epochs,
-                              groups=("heads",), task=self.data.task, loss_fn=loss_fn)
+                              groups=("heads",), task=self.data.task, loss_fn=loss_fn,
+                              who=f"{self.who} (head phase; its inputs are the encoder features)")
             else:
                 stats = self.train_groups(("heads",), epochs, optimizer=optimizer, loss_fn=loss_fn)
             seconds = stats.seconds
@@ -262,7 +263,8 @@ class SeparateFedAvgClient(DomainAwareClient):
                 continue
             loader = DataLoader(Subset(self.data.train.dataset, index), batch_size=self.data.train.batch_size or 32, shuffle=True)
             stats = train(model, loader, optimizer=self.train_config.optimizer, device=self.device,
-                          epochs=self.train_config.local_epochs, task=self.data.task)
+                          epochs=self.train_config.local_epochs, task=self.data.task,
+                          who=f"{self.who} (domain {m}'s model)")
             losses.append(stats.loss)
             seconds += stats.seconds
         return {"train_loss": float(np.mean(losses)) if losses else 0.0, "train_seconds": seconds}

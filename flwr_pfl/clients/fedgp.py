@@ -68,8 +68,9 @@ class FedGPClient(PFLClient):
         target_batch_size: the target's batch size (0 = the run's batch size).
 
     Raises:
-        ConfigError: a target partition outside the federation, a bad ``fedgp-role`` value, or a
-            target with no labelled training samples.
+        ConfigError: a target partition outside the federation, a bad ``fedgp-role`` value, more
+            target samples asked for than the target has, or (for every client, from
+            :class:`~flwr_pfl.clients.base.PFLClient`) no training samples.
     """
 
     shared_group = "all"
@@ -115,12 +116,7 @@ class FedGPClient(PFLClient):
 
     def _target_data(self, data: LocalData, samples: int, fraction: float, batch_size: int) -> LocalData:
         dataset = data.train.dataset
-        available = len(dataset)  # type: ignore[arg-type]
-        if available == 0:
-            raise ConfigError(
-                f"the target client (partition {self.partition_id}) has no labelled training samples; "
-                "give it data or choose another target-partition"
-            )
+        available = len(dataset)  # type: ignore[arg-type]  (> 0: PFLClient.check_training_data)
         if not 0.0 <= fraction <= 1.0:
             raise ConfigError(f"target-train-fraction={fraction} must lie in [0, 1] (0 = unused)")
         if fraction > 0:

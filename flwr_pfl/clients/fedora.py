@@ -203,7 +203,8 @@ class FEDORAClient(PFLClient):
         assert local is not None
         torch.manual_seed(seed)  # inside fit's seeded scope: restored when fit returns
         stats = train(local, self.data.train, optimizer=self.train_config.optimizer, device=self.device,
-                      epochs=self.train_config.local_epochs, groups=("all",), task=self.data.task)
+                      epochs=self.train_config.local_epochs, groups=("all",), task=self.data.task,
+                      who=f"{self.who} (LOCAL shadow model)")
         save_arrays(self.context.state, LOCAL_KEY, get_arrays(local, "all"))
         return stats.loss
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from flwr.app import Context
+from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from flwr_pfl.clients.base import Config, LocalData, PFLClient, TrainConfig, seeded_message
@@ -57,6 +58,47 @@ class _FeatureBank:
     labels: list[torch.Tensor] = field(default_factory=list)
 
 
+def lda_head_problems(model: nn.Module) -> list[str]:
+    """What keeps ``model``'s head from holding an LDA head (empty: nothing).
+
+    pFedFDA never trains its head: every round it *writes* ``logits = W z + b`` (Eq. 4) into it,
+    so the model needs exactly one ``nn.Linear(feature_dim, num_outputs)`` with a bias, applied
+    to the encoder's features.
+    """
+    heads = getattr(model, "heads", None)
+    if heads is None or len(heads) != 1:
+        return [f"{len(heads) if heads is not None else 'no'} heads (need exactly one)"]
+    head = heads[0]
+    if not isinstance(head, nn.Linear):
+        return [f"a head of type {type(head).__name__} (need torch.nn.Linear)"]
+    problems = []
+    if head.bias is None:
+        problems.append("a head without a bias (the LDA head's b has nowhere to go)")
+    d, c = getattr(model, "feature_dim", None), getattr(model, "num_outputs", None)
+    if (head.in_features, head.out_features) != (d, c):
+        problems.append(f"a head Linear({head.in_features}, {head.out_features}) on a model with "
+                        f"feature_dim={d} and num_outputs={c}")
+    return problems
+
+
+def check_lda_head(model: nn.Module) -> None:
+    """Refuse a model whose head cannot hold pFedFDA's LDA head, saying what was found.
+
+    Raises:
+        ValueError: the model does not have one biased ``nn.Linear(feature_dim, num_outputs)``
+            head (see :func:`lda_head_problems`).
+    """
+    problems = lda_head_problems(model)
+    if problems:
+        raise ValueError(
+            "pFedFDA needs one linear head with a bias on the representation, "
+            "nn.Linear(feature_dim, num_outputs, bias=True), because it writes the LDA head "
+            f"W z + b into it every round; this model has {'; '.join(problems)}. Build the model "
+            "with EncoderHeadModel(encoder, feature_dim, num_classes, num_heads=1, head_bias=True) "
+            "(in the app: any model but 'linear', whose heads have no bias)"
+        )
+
+
 class PFedFDAClient(PFLClient):
     """pFedFDA's client: backbone trained against a frozen global generative head.
 
@@ -92,8 +134,7 @@ class PFedFDAClient(PFLClient):
         packed_cov: bool = False,
     ) -> None:
         super().__init__(context, model, data, train_config)
-        if model.num_heads != 1:
-            raise ValueError(f"pFedFDA needs a model with one head (the LDA head), got {model.num_heads}")
+        check_lda_head(model)
         if data.task != "classification":
             raise ValueError("pFedFDA is a classification method (its head is a Gaussian posterior)")
         if stats_source not in STATS_SOURCES:

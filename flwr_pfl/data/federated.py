@@ -30,7 +30,7 @@ from flwr_pfl.data.partitioners import make_partitioner, partition_indices
 from flwr_pfl.data.registry import DatasetPool, dataset_builder
 from flwr_pfl.data.sampling import stage_rng, stage_seed, stratified_subsample
 from flwr_pfl.data.splits import SplitIndices, split_indices
-from flwr_pfl.data.types import ArraySplit, ClientData
+from flwr_pfl.data.types import ArraySplit, ClientData, no_training_samples
 from flwr_pfl.errors import ConfigError
 
 LABEL_PARTITIONERS = ("dirichlet", "pathological", "domain-dirichlet")
@@ -154,10 +154,11 @@ def load_client_data(config: DataConfig, partition_id: int, num_partitions: int)
     prepared = prepare_pool(config)
     split = client_splits(config, num_partitions)[partition_id]
     if len(split.train) == 0:
-        raise ConfigError(
-            f"client {partition_id} of {num_partitions} has {len(split)} samples and none left "
-            f"for training (val-fraction={config.val_fraction}, "
-            f"test-fraction={config.test_fraction}); use fewer clients or more data"
+        raise no_training_samples(
+            f"partition {partition_id} of {num_partitions}",
+            f" ({len(split)} samples in all, none left for training with partitioner="
+            f"{config.partitioner!r}, val-fraction={config.val_fraction}, "
+            f"test-fraction={config.test_fraction})",
         )
     data = _assemble(prepared, split.concatenated(), config.seed, partition_id)
     n_train, n_val = len(split.train), len(split.val)

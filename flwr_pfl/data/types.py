@@ -13,7 +13,23 @@ from typing import Literal
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from flwr_pfl.errors import ConfigError
+
 Task = Literal["classification", "regression"]
+
+
+def no_training_samples(who: str, detail: str = "") -> ConfigError:
+    """The one error for a client without training samples, wherever it is first noticed.
+
+    Every algorithm needs at least one training sample per client (without it they fail deep
+    inside with unrelated messages), so the data pipeline and the client base both raise this.
+    ``who`` names the client (``"partition 3"``); ``detail`` says what was found.
+    """
+    return ConfigError(
+        f"{who} has no training samples{detail}; every client needs at least one. Use fewer "
+        f"clients (num-clients), another partitioner, more samples per client (max-samples, "
+        f"samples-per-client) or smaller val-fraction / test-fraction"
+    )
 
 
 def check_aligned(x: torch.Tensor, y: torch.Tensor, domain: torch.Tensor) -> None:

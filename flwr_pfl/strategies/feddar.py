@@ -46,7 +46,7 @@ loss; with one head per domain it is "FedAvg + multi-head", :class:`FedAvgMultiH
 
 from __future__ import annotations
 
-from logging import WARNING
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -267,7 +267,7 @@ class FedDAR(DomainCountingStrategy):
     ) -> None:
         super().__init__(reweight=reweight, **kwargs)
         self.aggregation = core.HeadAggregation(aggregation)
-        self._warned_large_heads = False
+        self._warned: set[str] = set()  # head-size warnings already given (once per run each)
         self.hessian_at = core.HessianAt(hessian_at)
         self.sa_options = sa_options or core.SAOptions()
         self.head_epochs, self.rep_epochs = head_epochs, rep_epochs
@@ -380,6 +380,41 @@ class FedDAR(DomainCountingStrategy):
         self._notify(server_round, "head", self._notify_u(metrics), {r.partition_id: r.metrics for r in replies})
         return {r.cid for r in replies}
 
+    def report_head_conditions(self, server_round: int, pooled: np.ndarray) -> None:
+        """Log what is true of this round's head aggregation, given the pooled per-domain
+        sample counts of the accepted replies (shape (M,)).
+
+        * A domain without samples this round: its head is kept (u_m = 0, metric
+          ``updated_dom<m>`` = 0); the algorithm's normal behaviour, said at INFO once per
+          round, naming the domains.
+        * SA with heads of more than ``SA_COMFORTABLE_PARAMS`` parameters: the summed Hessians
+          are large and often ill-conditioned (the paper found SA unstable from P = 650);
+          warned once per run.
+        * SA and a domain with samples, but fewer than the head's ``in_dim`` inputs: its summed
+          Hessian is singular whatever the loss; warned once per run, naming the domain.
+        """
+        layout = self.layout
+        absent = [m for m, n in enumerate(pooled) if n == 0]
+        if absent:
+            log(INFO, "round %d: domain(s) %s have no samples among this round's clients; their heads "
+                "are kept (u_m = 0)", server_round, ", ".join(map(str, absent)))
+        if self.aggregation is not core.HeadAggregation.SA:
+            return
+        if layout.num_params > SA_COMFORTABLE_PARAMS and "large" not in self._warned:
+            self._warned.add("large")
+            log(WARNING, "FedDAR-SA with heads of P = %d parameters (feature width %d, > %d): the summed "
+                "Hessians are large and often ill-conditioned; the paper projects to a small "
+                "representation: set feature-dim <= 16 or use WA",
+                layout.num_params, layout.feature_dim, SA_COMFORTABLE_PARAMS)
+        few = [(m, int(n)) for m, n in enumerate(pooled) if 0 < n < layout.in_dim]
+        if few and "few" not in self._warned:
+            self._warned.add("few")
+            m, n = few[0]
+            log(WARNING, "round %d: FedDAR-SA: domain %d has %d sample(s) this round, fewer than the %d "
+                "inputs of its head (feature width %d%s), so its summed Hessian is singular; the "
+                "sa-solver decides (exact skips the update); sample more clients per round or use WA",
+                server_round, m, n, layout.in_dim, layout.feature_dim, " + bias" if layout.bias else "")
+
     def check_head_reply(self, proxy: ClientProxy, res: FitRes) -> ClientReply:
         """Validate a head-phase reply against the wire layout; raise ReplyError otherwise."""
         partition_id = int(res.metrics.get("partition_id", -1))
@@ -397,14 +432,7 @@ class FedDAR(DomainCountingStrategy):
     def aggregate_heads(self, server_round: int, replies: list[ClientReply]) -> dict[str, float]:
         """Aggregate the accepted local heads into the global heads; returns diagnostics."""
         prev = self.global_heads()
-        if self.aggregation is core.HeadAggregation.SA and not self._warned_large_heads:
-            self._warned_large_heads = True
-            pooled = min(int(np.stack([r.arrays[1] for r in replies]).sum(0).min()), 10**9)
-            if self.layout.num_params > SA_COMFORTABLE_PARAMS or self.layout.num_params > pooled:
-                log(WARNING, "FedDAR-SA with heads of P = %d parameters (feature width %d): the summed "
-                    "Hessians are large and often ill-posed (smallest domain: %d samples this round); "
-                    "the paper projects to a small representation: set feature-dim <= 16 or use WA",
-                    self.layout.num_params, self.layout.feature_dim, pooled)
+        self.report_head_conditions(server_round, np.stack([r.arrays[1] for r in replies]).sum(0))
         heads = np.stack([r.arrays[0] for r in replies])
         counts = np.stack([r.arrays[1] for r in replies])
         hessians = np.stack([r.arrays[2] for r in replies]) if self.aggregation is core.HeadAggregation.SA else None

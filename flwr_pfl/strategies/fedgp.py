@@ -5,6 +5,10 @@ Auto-Weighting* (ICLR 2024), Algorithm 1 with the server-side placement. The mat
 (Definitions 4.1 / 4.3, App. C.9, Eq. 3, the App. A.5 estimators) lives in
 :mod:`flwr_pfl.core.fedgp`; this module only moves data and keeps the server's state.
 
+Participation. Every client takes part in every round (the paper's cross-silo protocol:
+the target's update is the reference each FDA round is built on), so ``fraction_fit`` must be
+1; anything less is refused when the strategy is built (see :func:`_require_full_participation`).
+
 Roles. Exactly one client is the **target**; all others are **sources**. A client knows its own
 role (from ``<algorithm>.target-partition`` or the node config ``fedgp-role``, see
 :class:`flwr_pfl.clients.FedGPClient`) and reports it in every reply (metric ``is_target``).
@@ -59,12 +63,14 @@ placements train identically and produce the same global models up to the order 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
 from flwr.common import (
+    Code,
     EvaluateIns,
     EvaluateRes,
     FitIns,
@@ -133,6 +139,7 @@ class FDAStrategy(PFLStrategy):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        _require_full_participation(self.name, self.fraction_fit)
         self.config = config or FDAConfig()
         if step_upload not in STEP_UPLOADS:
             raise ConfigError(f"step_upload={step_upload!r} is unknown; allowed: {', '.join(STEP_UPLOADS)}")
@@ -265,6 +272,12 @@ class FDAStrategy(PFLStrategy):
                 value = metrics.get(key)
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value <= 0:
                     raise ReplyError(f"client {who}: metric {key!r} must be a positive number; got {value!r}")
+        if not is_target and self.target_partition is not None and pid == self.target_partition:
+            raise ConfigError(
+                f"client {who} answered as a source but the server's target-partition="
+                f"{self.target_partition}; its node config fedgp-role and target-partition disagree "
+                "(allowed roles: 'target', 'source'; set the role on the target node only)"
+            )
         self._learn_buffers(metrics.get("buffer_mask"), len(expected))
         if pid >= 0:
             self.partition_of[proxy.cid] = pid
@@ -308,12 +321,8 @@ class FDAStrategy(PFLStrategy):
         target = targets[0] if targets else None
         plan = self.plan(server_round)
         target_asked = not (plan.stage is Stage.SOURCES and self.target_cid is not None)
-        if target is None and target_asked and not self._failures:
-            raise ConfigError(
-                f"round {server_round}: all {len(replies)} clients replied and none is the target; "
-                "configure one: <algorithm>.target-partition (-1 = the last partition) or the node "
-                "config fedgp-role='target' on one node"
-            )
+        if target is None and target_asked:
+            self._check_target_absence(server_round, replies, plan.phase)
         if target is not None and self.target_partition is not None and target.partition_id != self.target_partition:
             raise ConfigError(
                 f"partition {target.partition_id} claims the target role but target_partition="
@@ -343,6 +352,31 @@ class FDAStrategy(PFLStrategy):
                 log(WARNING, "round %d: no source update; the target's model becomes the global model", server_round)
             return [np.asarray(a) for a in target_arrays]
         return self._fda_update(glob, target, target_arrays, sources, metrics)
+
+    def _check_target_absence(self, server_round: int, replies: list[ClientReply], phase: Phase) -> None:
+        """Stop the run when the target's absence from this round's replies is a configuration
+        problem rather than a passing failure.
+
+        * Every client answered and none is the target: nobody holds the role.
+        * Some clients failed, the target is needed (an FDA round) and no reply of the run,
+          fit or evaluate, ever came from it: the target node cannot even start (a misspelt
+          ``fedgp-role``, more target samples asked for than it has, ...). Its error, among
+          this round's failures, is quoted. Without this check the run would finish every round
+          with ``target_missing`` = 1 and no adaptation at all.
+
+        A target that answered before and fails now is a passing failure: the round keeps the
+        global model (metric ``target_missing``).
+        """
+        configure = ("configure one: <algorithm>.target-partition (-1 = the last partition) or the "
+                     "node config fedgp-role='target' on one node")
+        if not self._failures:
+            raise ConfigError(f"round {server_round}: all {len(replies)} clients replied and none is the target; {configure}")
+        if self.target_cid is None and phase is Phase.FDA:
+            raise ConfigError(
+                f"round {server_round}: the target has never answered: no reply of this run came from "
+                f"a client in the target role, and {len(self._failures)} client(s) failed this round: "
+                f"{_describe_failures(self._failures)}. Fix the target node's error, or {configure}"
+            )
 
     def _adopt_target_aggregate(self, target: ClientReply, arrays: NDArrays, metrics: dict[str, float]) -> NDArrays:
         """Target placement: the target's reply is the new global model; its per-source
@@ -392,6 +426,9 @@ class FDAStrategy(PFLStrategy):
         failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
     ) -> tuple[float | None, dict[str, Scalar]]:
         self._eval_target = {}
+        for proxy, res in results:  # a target whose fit fails has still answered as the target
+            if res.metrics.get("is_target") and self.target_cid is None:
+                self.target_cid = proxy.cid
         loss, metrics = super().aggregate_evaluate(server_round, results, failures)
         if "target_loss" in self._eval_target:
             log(INFO, "round %d: target accuracy %.4f (last-5 mean %.4f)", server_round,
@@ -441,6 +478,44 @@ class FDAStrategy(PFLStrategy):
         if state.get("is_buffer") is not None:
             self.is_buffer = [bool(x) for x in state["is_buffer"]]
         self.target_history = list(state.get("target_history", self.target_history))
+
+
+def _require_full_participation(name: str, fraction_fit: float) -> None:
+    """Refuse ``fraction_fit`` < 1 before any training.
+
+    The paper's protocol is cross-silo with full participation: every FDA round is built on the
+    target's update (and Target Only trains nothing else), so a round that leaves the target out
+    cannot aggregate. The strategy learns which client is the target only from its replies, so
+    it cannot guarantee the target a place in a partial sample; sub-sampling the sources only
+    (the official code's unused ``part_rate``) is not offered.
+    """
+    if fraction_fit < 1.0:
+        raise ConfigError(
+            f"fraction-fit={fraction_fit} is not allowed for {name}: every round needs the target "
+            "client, and the FedGP/FedDA family (FedGP, FedDA, Target Only, Source Only) samples "
+            "every client every round; allowed: fraction-fit=1.0"
+        )
+
+
+#: Flower's error for an exception raised by a ClientApp; group 1 is the client's own error
+_FLOWER_ERROR = re.compile(r"Message contains an Error \(reason: (.*)\)\. It originated", re.DOTALL)
+
+
+def _describe_failures(failures: list[Any], limit: int = 3, width: int = 400) -> str:
+    """The first ``limit`` failures of a round in words (exceptions, or replies with a bad status)."""
+    texts = []
+    for failure in failures[:limit]:
+        if isinstance(failure, BaseException):
+            text = f"{type(failure).__name__}: {failure}"
+            wrapped = _FLOWER_ERROR.search(text)  # Flower wraps a client's exception in its own
+            text = wrapped.group(1) if wrapped else text
+        else:
+            proxy, res = failure
+            bad_status = res.status.code != Code.OK
+            text = f"client {proxy.cid}: " + (res.status.message if bad_status else "its reply was rejected (see the warning above)")
+        texts.append(text if len(text) <= width else text[: width - 3] + "...")
+    more = f" (and {len(failures) - limit} more)" if len(failures) > limit else ""
+    return "; ".join(texts) + more
 
 
 def source_update(reply: ClientReply, glob: NDArrays) -> SourceUpdate:

@@ -59,6 +59,51 @@ def unpack_batch(batch: Sequence[torch.Tensor], device: torch.device) -> tuple[t
     return x.to(device), y.to(device), d.to(device)
 
 
+def _nonfinite(tensor: torch.Tensor) -> tuple[int, int]:
+    """(NaN/Inf entries, samples holding one) of ``tensor``; (0, 0) for integer tensors."""
+    if not (tensor.is_floating_point() or tensor.is_complex()):
+        return 0, 0
+    bad = ~torch.isfinite(tensor)
+    return int(bad.sum()), int(bad.reshape(len(tensor), -1).any(1).sum())
+
+
+def nonfinite_loss_error(
+    value: float,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    where: str,
+    who: str = "",
+    learning_rate: float | None = None,
+) -> FloatingPointError:
+    """The error for a loss that became ``value`` (NaN or Inf) on the batch ``(x, y)``.
+
+    Bad data and divergence need different fixes, so the batch is inspected here, once the loss
+    is already non-finite (the training step itself never scans its data): if the inputs or the
+    targets hold NaN or Inf, the message names the client (``who``), the tensor, the batch
+    (``where``) and how many values are affected; only on finite data does it advise lowering
+    the learning rate.
+    """
+    owner = f"{who}: " if who else ""
+    found = [
+        f"the {name} hold {values} NaN/Inf value(s) in {rows} of {len(t)} samples"
+        for name, t in (("inputs", x), ("targets", y))
+        for values, rows in [_nonfinite(t)]
+        if values
+    ]
+    if found:
+        return FloatingPointError(
+            f"{owner}the training data has non-finite values at {where}: {'; '.join(found)}. "
+            f"The loss became {value}; remove or impute these samples (or fix the data "
+            f"pipeline): lowering the learning rate will not help"
+        )
+    rate = f" (now {learning_rate})" if learning_rate is not None else ""
+    return FloatingPointError(
+        f"{owner}training loss became {value} at {where} on finite data: training diverged; "
+        f"lower the learning rate{rate}"
+    )
+
+
 @dataclass(frozen=True)
 class TrainStats:
     """What one call of :func:`train` did."""
@@ -83,6 +128,7 @@ def train(
     regularizer: Regularizer | None = None,
     max_steps: int = 0,
     after_step: Callable[[EncoderHeadModel, int], None] | None = None,
+    who: str = "",
 ) -> TrainStats:
     """Train the parameter ``groups`` of ``model`` for ``epochs`` passes over ``loader``.
 
@@ -98,10 +144,13 @@ def train(
         max_steps: stop after this many optimizer steps (0 = no limit).
         after_step: called as ``after_step(model, step)`` after every optimizer step (e.g. to
             record per-step parameter updates, as FedGP's auto-weighting needs).
+        who: whose data this is (e.g. ``"partition 3"``), named in errors.
 
     Raises:
-        FloatingPointError: the loss became NaN or Inf (the learning rate is usually too high);
-            the client's reply then counts as a failure instead of poisoning the aggregate.
+        FloatingPointError: the loss became NaN or Inf; the client's reply then counts as a
+            failure instead of poisoning the aggregate. The message tells the two causes apart
+            (see :func:`nonfinite_loss_error`): non-finite values in the batch's data, or a
+            blow-up on finite data (the learning rate is usually too high).
     """
     if epochs < 0:
         raise ValueError(f"epochs must be >= 0, got {epochs}")
@@ -111,8 +160,8 @@ def train(
     start, steps, loss_sum = time.perf_counter(), 0, 0.0
     with only_trainable(model, groups) as params:
         opt = make_optimizer(params, optimizer)
-        for _ in range(epochs):
-            for batch in loader:
+        for epoch in range(epochs):
+            for batch_index, batch in enumerate(loader):
                 x, y, d = unpack_batch(batch, device)
                 losses = loss_fn(model, x, y, d)
                 if weights is not None:
@@ -120,10 +169,9 @@ def train(
                 loss = losses.mean()
                 total = loss + regularizer(model) if regularizer is not None else loss
                 if not torch.isfinite(total):
-                    raise FloatingPointError(
-                        f"training loss became {total.item()} at step {steps + 1}; "
-                        f"lower the learning rate (now {optimizer.learning_rate})"
-                    )
+                    where = f"step {steps + 1} (epoch {epoch + 1}, batch {batch_index + 1})"
+                    raise nonfinite_loss_error(total.item(), x, y, where=where, who=who,
+                                               learning_rate=optimizer.learning_rate)
                 opt.zero_grad(set_to_none=True)
                 total.backward()
                 opt.step()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import numpy as np
 import pytest
@@ -70,6 +71,41 @@ def test_node_config_can_choose_the_target(tmp_path, blobs_dataset):
     assert last["target_accuracy"] == pytest.approx(target[0]["accuracy"])
 
 
+@pytest.mark.parametrize("strategy", [FedGP, FedDA])
+def test_partial_participation_is_refused_when_the_strategy_is_built(strategy):
+    with pytest.raises(ConfigError, match=r"fraction-fit=0.5 is not allowed .*needs the target.*allowed: fraction-fit=1.0"):
+        strategy(num_clients=N, fraction_fit=0.5)
+
+
+def test_partial_participation_stops_the_run_before_any_training(tmp_path, blobs_dataset):
+    config = cfg(tmp_path, blobs_dataset, algorithm="fedda", **{"fraction-fit": 0.75})
+    grid = InProcessGrid(client_app, N, config)
+    with pytest.raises(ConfigError, match="fraction-fit=0.75 is not allowed for fedda"):
+        server_app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=config))
+    assert grid.bytes_sent == 0 and grid.client_seconds == 0.0  # no client was ever contacted
+
+
+def test_misspelt_target_role_stops_the_run_naming_the_allowed_roles(tmp_path, blobs_dataset):
+    """The target node cannot start (its role is misspelt): the run must not finish with
+    target_missing in every round, but stop at the first FDA round quoting the node's error.
+    (seed=1: Flower's request for the initial parameters goes to a healthy node; asking the
+    broken one would stop the run there, with the same client error.)"""
+    with pytest.raises(ConfigError, match="the target has never answered") as err:
+        run_with_roles(tmp_path, blobs_dataset, {3: "tagret"}, seed=1)
+    assert "fedgp-role='tagret' is unknown; allowed: 'target', 'source'" in str(err.value)
+
+
+def test_more_target_samples_than_the_target_has_stops_the_run_naming_both_numbers(tmp_path, blobs_dataset):
+    with pytest.raises(ConfigError, match="the target has never answered") as err:
+        run_inprocess(server_app, client_app, N, cfg(tmp_path, blobs_dataset, seed=1, **{"fedgp.target-train-samples": 5000}))
+    assert re.search(r"target-train-samples=5000 but the target \(partition 3\) has only \d+ training samples", str(err.value))
+
+
+def test_the_server_s_target_answering_as_a_source_is_an_error(tmp_path, blobs_dataset):
+    with pytest.raises(ConfigError, match=r"\(partition 2\) answered as a source but the server's target-partition=2"):
+        run_with_roles(tmp_path, blobs_dataset, {2: "source"}, **{"fedgp.target-partition": 2})
+
+
 def test_target_partition_outside_the_federation(tmp_path, blobs_dataset):
     with pytest.raises(ConfigError, match="target-partition=7 is outside the federation of num-clients=4"):
         run_inprocess(server_app, client_app, N, cfg(tmp_path, blobs_dataset, **{"fedgp.target-partition": 7}))
@@ -87,11 +123,12 @@ def _data(n):
 
 def test_target_without_data_is_a_clear_error():
     model = build_model("mlp", (20,), 4)
-    with pytest.raises(ConfigError, match="target client \\(partition 3\\) has no labelled training samples"):
-        FedGPClient(_context(), model, _data(0))
     with pytest.raises(ConfigError, match="target-train-samples=50 but the target \\(partition 3\\) has only 10"):
         FedGPClient(_context(), model, _data(10), target_train_samples=50)
-    FedGPClient(_context(pid=1), model, _data(0))  # a source without data is the data layer's business
+    # no training samples at all: the message every algorithm's client gives, target or source
+    for pid in (3, 1):
+        with pytest.raises(ConfigError, match=f"^partition {pid} has no training samples"):
+            FedGPClient(_context(pid=pid), model, _data(0))
 
 
 class _FailingTarget(FedGPClient):

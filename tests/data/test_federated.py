@@ -113,8 +113,11 @@ def test_regression_pools() -> None:
 
 
 def test_no_training_samples_left() -> None:
-    with pytest.raises(ConfigError, match="none left for training"):
+    with pytest.raises(ConfigError, match="none left for training") as err:
         load_client_data(config(val_fraction=0.45, test_fraction=0.5), 0, 100)  # 10 each
+    # the same words as the client base's check (tests/clients/test_empty_client.py)
+    assert str(err.value).startswith("partition 0 of 100 has no training samples (10 samples in all")
+    assert "another partitioner" in str(err.value) and "val-fraction" in str(err.value)
 
 
 def test_partitions_per_domain_are_consistent_with_labels() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 
 import numpy as np
@@ -20,6 +21,7 @@ from flwr_pfl.clients.feddar import FedDARClient
 from flwr_pfl.data.registry import DatasetPool, register_dataset
 from flwr_pfl.data.types import ArraySplit
 from flwr_pfl.errors import ConfigError
+from flwr_pfl.strategies.feddar import FedDAR
 
 SYNTHETIC = {
     "dataset": "feddar-synthetic",
@@ -213,17 +215,59 @@ def blobs_missing_domain() -> str:
     return "feddar-test-missing"
 
 
-def test_domains_absent_from_clients_are_skipped_and_an_unseen_domain_keeps_its_head(tmp_path, monkeypatch, blobs_missing_domain):
+def test_domains_absent_from_clients_are_skipped_and_an_unseen_domain_keeps_its_head(tmp_path, monkeypatch, blobs_missing_domain, caplog):
     client = spy(monkeypatch)
     overrides = {**BLOBS, "partitioner": "domain-mixture", "domain-alpha": 0.1, "samples-per-client": 100}
-    grid, rows = run(tmp_path, "missing", num_clients=4, algorithm="feddar-sa", dataset=blobs_missing_domain,
-                     **{"num-server-rounds": 3, **overrides})
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        grid, rows = run(tmp_path, "missing", num_clients=4, algorithm="feddar-sa", dataset=blobs_missing_domain,
+                         **{"num-server-rounds": 3, **overrides})
+    # an absent domain is said as such, once per round, and is no reason to warn about head size
+    messages = [r.getMessage() for r in caplog.records]
+    assert [m for m in messages if "have no samples" in m] == [
+        f"round {r}: domain(s) 2 have no samples among this round's clients; their heads are kept (u_m = 0)"
+        for r in (1, 2, 3)
+    ]
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "FedDAR-SA" in r.getMessage()]
+    assert not [m for m in messages if "ill-posed" in m]
     heads = phase(rows, "head")
     assert all(r["u_dom2"] == 0.0 and r["count_dom2"] == 0.0 for r in heads)  # u_m = 0 for an unseen domain
     assert all(r["updated_dom2"] == 0.0 and r["head_drift_dom2"] == 0.0 for r in heads)
     assert all(r["updated_dom0"] == 1.0 for r in heads)
     evals = phase(rows, "evaluate")
     assert all(math.isfinite(r["loss_wmean"]) for r in evals) and evals[-1]["accuracy_wmean"] > 0.5
+
+
+def _sa_strategy(feature_dim: int, num_outputs: int = 1, bias: bool = False) -> FedDAR:
+    strategy = FedDAR(num_clients=2, aggregation="sa")
+    strategy.head_info = {"num_outputs": num_outputs, "feature_dim": feature_dim, "head_bias": bias}
+    return strategy
+
+
+def _flwr_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_small_heads_with_enough_samples_give_no_size_warning(caplog):
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        _sa_strategy(feature_dim=2).report_head_conditions(1, np.array([40.0, 3.0]))  # P = 2
+    assert _flwr_warnings(caplog) == []
+
+
+def test_large_sa_heads_are_warned_about_once(caplog):
+    strategy = _sa_strategy(feature_dim=64, num_outputs=10, bias=True)  # P = 650, the paper's unstable size
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        for r in (1, 2):
+            strategy.report_head_conditions(r, np.array([5000.0, 5000.0]))
+    assert len(_flwr_warnings(caplog)) == 1 and "P = 650 parameters" in _flwr_warnings(caplog)[0]
+
+
+def test_a_domain_with_fewer_samples_than_head_inputs_is_named(caplog):
+    strategy = _sa_strategy(feature_dim=6, bias=True)  # 7 inputs
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        strategy.report_head_conditions(3, np.array([50.0, 4.0, 0.0]))
+    (warning,) = _flwr_warnings(caplog)
+    assert warning.startswith("round 3: FedDAR-SA: domain 1 has 4 sample(s) this round, fewer than the 7 inputs")
+    assert "singular" in warning and "large" not in warning
 
 
 @pytest.mark.parametrize("solver", ["exact", "pinv", "damped"])

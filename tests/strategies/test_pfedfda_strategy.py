@@ -245,6 +245,32 @@ def make_client(labels, *, pid=0, context=None, dim_in=6, **kwargs) -> PFedFDACl
     return PFedFDAClient(context, model, LocalData(split.loader(8, True), test.loader(8, False)), TrainConfig(local_epochs=2), **kwargs)
 
 
+def _with_head(head: nn.Module | None = None, num_heads: int = 1) -> EncoderHeadModel:
+    """A model of the make_client shape whose first head is replaced by ``head``."""
+    model = EncoderHeadModel(nn.Sequential(nn.Linear(6, D), nn.LeakyReLU()), D, C, num_heads=num_heads)
+    if head is not None:
+        model.heads[0] = head
+    return model
+
+
+@pytest.mark.parametrize(
+    ("model", "found"),
+    [
+        (EncoderHeadModel(nn.Sequential(nn.Linear(6, D)), D, C, head_bias=False), "a head without a bias"),
+        (_with_head(nn.Sequential(nn.Linear(D, C))), "a head of type Sequential (need torch.nn.Linear)"),
+        (_with_head(nn.Linear(D + 1, C)), f"a head Linear({D + 1}, {C}) on a model with feature_dim={D} and num_outputs={C}"),
+        (_with_head(num_heads=2), "2 heads (need exactly one)"),
+    ],
+    ids=["no-bias", "not-linear", "wrong-shape", "two-heads"],
+)
+def test_client_refuses_a_head_that_cannot_hold_the_lda_head(model: EncoderHeadModel, found: str) -> None:
+    split = ArraySplit(torch.randn(8, 6), torch.arange(8) % C, torch.zeros(8, dtype=torch.long))
+    context = Context(run_id=1, node_id=1, node_config={"partition-id": 0}, state=RecordDict(), run_config={})
+    with pytest.raises(ValueError, match="pFedFDA needs one linear head with a bias on the representation") as err:
+        PFedFDAClient(context, model, LocalData(split.loader(8, True), split.loader(8, False)), TrainConfig())
+    assert f"this model has {found}" in str(err.value) and "head_bias=True" in str(err.value)
+
+
 def server_message(client: PFedFDAClient) -> list[np.ndarray]:
     mu, sigma = core.init_global_statistics(C, D, seed=0)
     return core.join_wire(get_arrays(client.model, "body"), mu, sigma)

@@ -282,6 +282,56 @@ def test_huge_learning_rate_raises_floating_point_error():
         )
 
 
+def test_nan_inputs_error_names_the_data_the_batch_and_the_client_not_the_learning_rate():
+    split = _blobs(n=8)
+    x = split.x.clone()
+    x[5, 0], x[5, 2], x[6, 1] = float("nan"), float("inf"), float("nan")  # batch 2 of 2
+    loader = ArraySplit(x, split.y, split.domain).loader(4, shuffle=False)
+    with pytest.raises(FloatingPointError) as err:
+        train(_model(), loader, optimizer=SGD, device=CPU, who="partition 3")
+    message = str(err.value)
+    assert message.startswith("partition 3: ")
+    assert "non-finite values" in message and "inputs hold 3 NaN/Inf value(s) in 2 of 4 samples" in message
+    assert "step 2 (epoch 1, batch 2)" in message and "targets" not in message
+    assert "will not help" in message and "lower the learning rate" not in message
+
+
+def test_nan_regression_targets_are_named_as_the_targets():
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 6), torch.randn(8)
+    y[1] = float("nan")
+    split = ArraySplit(x, y, torch.zeros(8, dtype=torch.long))
+    model = build_model("linear", (6,), num_outputs=1, feature_dim=3)
+    with pytest.raises(FloatingPointError, match=r"targets hold 1 NaN/Inf value\(s\) in 1 of 8 samples") as err:
+        train(model, split.loader(8, shuffle=False), optimizer=SGD, device=CPU, task="regression")
+    assert "inputs" not in str(err.value) and "non-finite values at step 1" in str(err.value)
+
+
+def test_divergence_on_finite_data_says_so_and_advises_a_lower_learning_rate():
+    torch.manual_seed(0)
+    x = torch.randn(32, 6)
+    split = ArraySplit(x, x @ torch.randn(6) * 100.0, torch.zeros(32, dtype=torch.long))
+    model = build_model("linear", (6,), num_outputs=1, feature_dim=3)
+    with pytest.raises(FloatingPointError, match=r"on finite data: training diverged; lower the learning rate \(now 1000000.0\)"):
+        train(model, split.loader(8, shuffle=False), optimizer=OptimizerConfig("sgd", learning_rate=1e6),
+              device=CPU, epochs=50, task="regression", who="partition 0")
+
+
+def test_client_names_its_partition_when_its_data_has_nan() -> None:
+    from flwr.app import Context, RecordDict
+
+    from flwr_pfl.clients.base import LocalData, PFLClient, TrainConfig
+
+    split = _blobs(n=8)
+    x = split.x.clone()
+    x[0, 0] = float("nan")
+    data = LocalData(train=ArraySplit(x, split.y, split.domain).loader(8, shuffle=False), test=_full_batch(split))
+    context = Context(run_id=1, node_id=1, node_config={"partition-id": 4}, state=RecordDict(), run_config={})
+    client = PFLClient(context, _model(), data, TrainConfig(device="cpu"))
+    with pytest.raises(FloatingPointError, match=r"^partition 4: the training data has non-finite values"):
+        client.fit(client.get_parameters({}), {})
+
+
 def test_non_finite_regularizer_raises():
     split = _blobs(n=8)
     with pytest.raises(FloatingPointError):
