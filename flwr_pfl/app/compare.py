@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from flwr_pfl.app.config import parse_experiment
+from flwr_pfl.app.config import Experiment, parse_experiment
 from flwr_pfl.app.keys import with_suggestions
 from flwr_pfl.app.registry import ALGORITHMS
 from flwr_pfl.errors import ConfigError
@@ -36,10 +36,30 @@ REPORTED = (
 )
 
 
-def run_one(run_config: dict[str, Any], engine: str) -> list[dict[str, Any]]:
-    """Run one configuration; return its evaluation rows (one per round)."""
+def finished(experiment: Experiment) -> bool:
+    """Whether ``experiment`` already ran to its end in its output directory with exactly this
+    configuration (its ``summary.txt`` is written last; ``config.json`` first)."""
+    out = experiment.output_path()
+    if not (out / "summary.txt").exists() or not (out / "metrics.json").exists():
+        return False
+    try:
+        saved = json.loads((out / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return saved == json.loads(json.dumps(experiment.to_dict(), sort_keys=True))
+
+
+def run_one(run_config: dict[str, Any], engine: str, reuse: bool = False) -> list[dict[str, Any]]:
+    """Run one configuration; return its evaluation rows (one per round).
+
+    With ``reuse``, a run that already finished with the same configuration is read, not run
+    again (reruns are bit-identical, so nothing is lost), so a long comparison can be stopped
+    and started again.
+    """
     experiment = parse_experiment(run_config)
-    if engine == "ray":
+    if reuse and finished(experiment):
+        logging.getLogger("flwr").warning("reusing the finished run %s", experiment.output_path())
+    elif engine == "ray":
         from flwr_pfl.app.simulation import run_ray_simulation
 
         run_ray_simulation(run_config, experiment.run.num_clients)
@@ -157,15 +177,19 @@ def _config_problem(config: dict[str, Any]) -> str | None:
     return None
 
 
-def compare(base_config: dict[str, Any], algorithms: list[str], seeds: list[int], out: Path, engine: str = "inprocess") -> dict[str, Any]:
+def compare(
+    base_config: dict[str, Any], algorithms: list[str], seeds: list[int], out: Path,
+    engine: str = "inprocess", reuse: bool = False,
+) -> dict[str, Any]:
     """Run every (algorithm, seed) and write the comparison files; returns the summary.
 
-    Every configuration is checked first (:func:`run_configs`).
+    Every configuration is checked first (:func:`run_configs`); with ``reuse``, runs that
+    already finished with the same configuration are read instead of run (:func:`run_one`).
     """
     out = out.resolve()
     configs = run_configs(base_config, algorithms, seeds, out)
     curves: dict[str, list[list[dict[str, Any]]]] = {
-        algorithm: [run_one(config, engine) for config in runs] for algorithm, runs in configs.items()
+        algorithm: [run_one(config, engine, reuse) for config in runs] for algorithm, runs in configs.items()
     }
     summary = {algorithm: summarize_runs(runs) for algorithm, runs in curves.items()}
     out.mkdir(parents=True, exist_ok=True)
@@ -190,13 +214,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--engine", choices=("inprocess", "ray"), default="inprocess")
+    parser.add_argument("--reuse", action="store_true",
+                        help="read runs that already finished with the same config instead of running them again")
     args = parser.parse_args(argv)
     logging.getLogger("flwr").setLevel(logging.WARNING)
     import torch
 
     torch.set_num_threads(1)
     base = get_fused_config_from_dir(REPO_ROOT, parse_overrides(args.run_config))
-    summary = compare(dict(base), args.algorithms, args.seeds, args.out, args.engine)
+    summary = compare(dict(base), args.algorithms, args.seeds, args.out, args.engine, args.reuse)
     print(markdown(summary))
     if any(math.isnan(f["mean"]) for s in summary.values() for f in s.values()):
         raise SystemExit("some runs produced NaN figures")

@@ -39,7 +39,8 @@ class RunConfig:
         model: an encoder + heads model name; feature_dim its representation width (0 = default).
         seed: seeds sampling, initialisation, partitions and shuffling.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:<i>``.
-        num_threads: torch CPU threads per client (0 = torch's default).
+        num_threads: torch CPU threads per client and for the server's tensor work (0 = torch's
+            default); results are bit-identical across engines only at the same count.
         output_dir: where runs are written (``~`` expanded; made absolute).
         run_name: sub-directory of the run; empty = ``<algorithm>-<dataset>-<timestamp>``.
         wait_timeout: seconds the server waits for ``num_clients`` clients.

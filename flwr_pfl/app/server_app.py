@@ -16,7 +16,7 @@ from flwr_pfl.app.config import Experiment, parse_experiment
 from flwr_pfl.app.results import ResultsWriter
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.strategies.base import PFLStrategy
-from flwr_pfl.training import seed_everything
+from flwr_pfl.training import seed_everything, set_num_threads
 
 
 def build_strategy(experiment: Experiment, writer: ResultsWriter | None = None) -> PFLStrategy:
@@ -50,6 +50,10 @@ def run_server(grid: Grid, context: Context) -> ResultsWriter:
     """Run one experiment on ``grid`` and return its results writer."""
     experiment = parse_experiment(context.run_config)  # stops here on a bad key or value
     seed_everything(experiment.run.seed)
+    # The server's own tensor work (FEDORA's propagation GEMM, FedDAR-SA's solves) uses the
+    # clients' thread count: a matrix product's rounding depends on how it is split across
+    # threads, and in-process the server shares torch with the clients anyway.
+    set_num_threads(experiment.run.num_threads)
     output = experiment.output_path()
     checkpoint = output / "checkpoint.npz"
     resumed = experiment.run.resume
