@@ -106,7 +106,9 @@ def test_ray_reruns_are_identical_and_equal_to_the_inprocess_engine(tmp_path, da
 @pytest.mark.slow
 def test_flwr_run_reruns_are_identical(tmp_path, data_dir):
     """The real `flwr run .` twice with partial participation: identical metrics.json, equal
-    to the in-process engine's."""
+    to the in-process engine's on the same config (pyproject's defaults plus the overrides)."""
+    from flwr.common.config import get_fused_config_from_dir
+
     from flwr_pfl.app.client_app import app as client_app
     from flwr_pfl.app.inprocess import run_inprocess
     from flwr_pfl.app.server_app import app as server_app
@@ -114,6 +116,7 @@ def test_flwr_run_reruns_are_identical(tmp_path, data_dir):
     for name in ("a", "b"):
         result = launch(tmp_path, partial(data_dir, tmp_path, name, "fedavg"))
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    run_inprocess(server_app, client_app, 6, partial(data_dir, tmp_path, "inprocess", "fedavg"))
+    fused = dict(get_fused_config_from_dir(REPO_ROOT, partial(data_dir, tmp_path, "inprocess", "fedavg")))
+    run_inprocess(server_app, client_app, 6, fused)
     a, b, c = ((tmp_path / name / "metrics.json").read_bytes() for name in ("a", "b", "inprocess"))
     assert a == b == c
