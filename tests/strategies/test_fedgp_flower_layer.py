@@ -273,11 +273,10 @@ def weights() -> np.ndarray:
 
 def test_warm_up_is_fedavg_over_the_sources_by_sample_count():
     new, metrics, config = run_round(make(FedGP), 1, warmup=True)
-    up = source_uploads()
     expected = flat(GLOBAL) + sum(w * d for w, d in zip(weights(), deltas()[0]))
     np.testing.assert_allclose(flat(new), expected, atol=1e-6)
     assert config["c3"]["fedgp.target-trains"] is False and config["c0"]["fedgp.sources-train"] is True
-    assert metrics["num_sources"] == 3.0 and len(up) == 3
+    assert metrics["num_sources"] == 3.0
 
 
 def test_fedda_round_is_the_convex_combination():
