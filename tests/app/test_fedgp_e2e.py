@@ -76,9 +76,11 @@ def final_target_accuracy(tmp_path, name):
 
 
 def test_auto_fedgp_beats_target_only_on_the_target(tmp_path, shift_dataset):
-    """Measured over seeds 0-3 (8 rounds, last-5 mean on the target's test split): Target Only
-    0.65-0.72, FedGP_Auto 0.76-0.84, gaps 0.055-0.134 (0.119 and 0.134 for seeds 0 and 1, run
-    here). The margin asserted is half of the smaller of these two."""
+    """Measured over seeds 0-7 (8 rounds, last-5 mean on the target's test split): Target Only
+    0.516-0.723, FedGP_Auto 0.758-0.844, gaps (FedGP_Auto - Target Only) 0.119 / 0.134 / 0.055 /
+    0.119 / 0.140 / 0.212 / 0.328 / 0.120, min 0.055 (seed 2), max 0.328 (seed 6). Seeds 0 and
+    1 run here; the margin asserted, 0.04, lies below the smallest gap of all eight seeds (a
+    margin of 0.06, half the smaller gap of seeds 0-1, would fail at seed 2)."""
     gaps = []
     for seed in (0, 1):
         for algorithm in ("target-only", "fedgp"):
@@ -86,7 +88,7 @@ def test_auto_fedgp_beats_target_only_on_the_target(tmp_path, shift_dataset):
             run_inprocess(server_app, client_app, NUM_CLIENTS,
                           fda_config(tmp_path, shift_dataset, algorithm, f"{algorithm}-{seed}", seed, **extra))
         gaps.append(final_target_accuracy(tmp_path, f"fedgp-{seed}") - final_target_accuracy(tmp_path, f"target-only-{seed}"))
-    assert min(gaps) > 0.06, gaps
+    assert min(gaps) > 0.04, gaps
     fits = [r for r in rows(tmp_path, "fedgp-0", "fit") if r.get("fda_round", 0) > 0]
     assert fits and all(0.0 <= r["beta_mean"] <= 1.0 for r in fits)
     assert all("sigma2" in r and "tau2d2_p0" in r and "beta_p2" in r for r in fits)
@@ -95,10 +97,25 @@ def test_auto_fedgp_beats_target_only_on_the_target(tmp_path, shift_dataset):
     assert "source_accuracy_wmean" in last and last["target_accuracy"] == pytest.approx(last["acc_d3"])
 
 
+def _target_context(grid):
+    return next(c for c in grid.contexts.values() if int(c.node_config["partition-id"]) == NUM_CLIENTS - 1)
+
+
+def _global_arrays(tmp_path, name):
+    with np.load(tmp_path / name / "checkpoint.npz") as ckpt:
+        keys = sorted((k for k in ckpt.files if k.startswith("global_")), key=lambda k: int(k.split("_")[1]))
+        return [ckpt[k] for k in keys]
+
+
 def test_global_model_is_the_target_model_and_target_bytes(tmp_path, shift_dataset):
-    """The target returns the model plus B x m float32 step updates in auto mode (4 B m bytes
-    more than with a fixed beta); FedDA's summary upload adds nothing."""
-    received = {}
+    """The global model is the target's model: the reported target accuracy and loss are those of
+    the final global model on the target's own test split (no personal part anywhere), and with
+    beta = 0 (no warm-up) the global model is exactly the model the target trains, i.e. Target
+    Only's. The target returns the model plus B x m float32 step updates in auto mode (4 B m
+    bytes more than with a fixed beta); FedDA's summary upload adds nothing."""
+    from flwr_pfl.app.client_app import build_client
+
+    received, grids = {}, {}
     for name, algorithm, extra in (
         ("fixed", "fedgp", {}),
         ("auto", "fedgp", {"fedgp.auto-weight": True}),
@@ -107,7 +124,23 @@ def test_global_model_is_the_target_model_and_target_bytes(tmp_path, shift_datas
     ):
         grid = run_inprocess(server_app, client_app, NUM_CLIENTS,
                              fda_config(tmp_path, shift_dataset, algorithm, name, num_server_rounds=3, **extra))
-        received[name] = grid.bytes_received
+        received[name], grids[name] = grid.bytes_received, grid
+    for name in ("fixed", "auto", "fedda-summary"):
+        last = rows(tmp_path, name, "evaluate")[-1]
+        target = build_client(_target_context(grids[name]))
+        loss, _, metrics = target.evaluate(_global_arrays(tmp_path, name), {"server-round": 3})
+        assert metrics["is_target"] == 1
+        assert last["target_accuracy"] == pytest.approx(metrics["accuracy"], abs=1e-12)
+        assert last["target_loss"] == pytest.approx(loss, rel=1e-6)
+    # beta = 0: the sources train but contribute nothing; the global model is the target's
+    for name, algorithm, extra in (("beta0", "fedgp", {"fedgp.beta": 0.0, "fedgp.warmup-rounds": 0}),
+                                   ("target-only", "target-only", {})):
+        run_inprocess(server_app, client_app, NUM_CLIENTS,
+                      fda_config(tmp_path, shift_dataset, algorithm, name, num_server_rounds=2, **extra))
+    beta0, alone = _global_arrays(tmp_path, "beta0"), _global_arrays(tmp_path, "target-only")
+    assert len(beta0) == len(alone) > 0
+    for a, b in zip(beta0, alone):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     with np.load(tmp_path / "fixed" / "checkpoint.npz") as ckpt:
         m = sum(ckpt[k].size for k in ckpt.files if k.startswith("global_"))  # the MLP: no buffers
     steps = 16 // 4  # target-train-samples / target-batch-size, one epoch

@@ -435,7 +435,11 @@ def test_synthetic_benchmark_relations(tmp_path):
     FEDORA 0.787 / 0.855 / 0.830 / 0.873 / 0.787 vs LOCAL 0.764 / 0.837 / 0.812 / 0.846 / 0.753,
     R-Acc +0.031 / +0.021 / +0.022 / +0.033 / +0.045, PTR 1.00 / 0.97 / 0.97 / 0.97 / 1.00,
     lambda active in 61 / 47 / 48 / 70 / 70 % of client-rounds. FedAvg after 5 rounds: R-Acc
-    -0.69 / -0.69 / -0.63 / -0.73 / -0.64 (spec 7.4: -0.566).
+    -0.69 / -0.69 / -0.63 / -0.73 / -0.64 (spec 7.4: -0.566). Seeds 5 / 6 / 7: FEDORA 0.863 /
+    0.871 / 0.882 vs LOCAL 0.843 / 0.845 / 0.853, R-Acc +0.024 / +0.030 / +0.034, PTR 0.97 /
+    1.00 / 1.00, lambda active in 59 / 68 / 71 %, FedAvg R-Acc -0.70 / -0.71 / -0.70. Every
+    assertion below holds on all eight seeds 0-7 (R-Acc min +0.021, PTR min 0.97, FedAvg R-Acc
+    max -0.63); seed 0 runs here.
     """
     result = benchmark(tmp_path, seed=0)
     print("\n" + summary(result))
@@ -499,5 +503,7 @@ def test_new_client_gets_the_one_hop_propagated_model(tmp_path):
         fedora_acc.append(_accuracy(arrays, c.x_test, c.y_test))
         fedavg_acc.append(_accuracy(global_model, c.x_test, c.y_test))
     print(f"\nnew clients: FEDORA one-hop {np.round(fedora_acc, 3).tolist()}, FedAvg {np.round(fedavg_acc, 3).tolist()}")
+    # run seeds 0-7 by hand: the top-2 neighbours are the adjacent angles on every seed; mean gap
+    # FEDORA - FedAvg 0.496 (seed 2) .. 0.673 (seed 3); every new client better on every seed
     assert np.mean(fedora_acc) > np.mean(fedavg_acc) + 0.1, (fedora_acc, fedavg_acc)
     assert all(a > b for a, b in zip(fedora_acc, fedavg_acc)), (fedora_acc, fedavg_acc)

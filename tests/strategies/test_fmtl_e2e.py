@@ -203,6 +203,8 @@ def test_schedule_weights_and_heads_no_participant_holds(tmp_path, blobs_dataset
         held = holders > 0
         np.testing.assert_allclose(beta[:, held].sum(0), 1.0)
     assert sum(r["heads_skipped"] for r in fits[2:]) > 0  # 3 of 6 one-class clients: some class is missing
+    # run seeds 0-7 by hand (this config with "seed": s): final accuracy_wmean 0.752 (seed 5) ..
+    # 1.000, heads skipped over the two phase-2 rounds 2-4
     assert _rows(tmp_path, "evaluate")[-1]["accuracy_wmean"] > 0.6
     assert strategy.registry and all(c.sum() > 0 for c in strategy.registry.values())
     # clients keep only what their data gives (task counts) in context.state
