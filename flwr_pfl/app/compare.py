@@ -86,6 +86,54 @@ def summarize_runs(rows_by_seed: list[list[dict[str, Any]]]) -> dict[str, dict[s
     return out
 
 
+def paired_differences(
+    curves: dict[str, list[list[dict[str, Any]]]], key: str, reference: str
+) -> dict[str, dict[str, Any]]:
+    """Each algorithm's last-round ``key`` minus the reference's, seed by seed (paired: same data,
+    partition, initial model and client sample), with a verdict.
+
+    The verdict is ``ahead`` or ``behind`` only when every seed's difference has the same sign
+    and the mean difference exceeds the differences' standard deviation; otherwise ``tie``. With
+    one seed there is no spread, so nothing is called (``one seed``).
+    """
+    def last(rows: list[dict[str, Any]]) -> float | None:
+        return rows[-1].get(key) if rows else None
+
+    base = [last(rows) for rows in curves[reference]]
+    out: dict[str, dict[str, Any]] = {}
+    for algorithm, runs in curves.items():
+        if algorithm == reference:
+            continue
+        diffs = np.array([v - b for v, b in zip(map(last, runs), base) if v is not None and b is not None], dtype=float)
+        if diffs.size == 0:
+            continue
+        mean, std = float(diffs.mean()), float(diffs.std(ddof=1)) if diffs.size > 1 else 0.0
+        if diffs.size < 2:
+            verdict = "one seed"
+        elif (diffs > 0).all() and mean > std:
+            verdict = "ahead"
+        elif (diffs < 0).all() and -mean > std:
+            verdict = "behind"
+        else:
+            verdict = "tie"
+        out[algorithm] = {"mean": mean, "std": std, "min": float(diffs.min()), "max": float(diffs.max()),
+                          "n": int(diffs.size), "verdict": verdict}
+    return out
+
+
+def paired_markdown(paired: dict[str, dict[str, Any]], key: str, reference: str) -> str:
+    lines = [
+        f"Paired over seeds: last-round `{key}` minus {reference}'s, per seed (mean ± std, min..max).",
+        "A method is ahead or behind only when every seed agrees in sign and the mean exceeds the std.",
+        "",
+        f"| algorithm | difference vs {reference} | min..max | verdict |",
+        "|---|---|---|---|",
+    ]
+    for algorithm, d in paired.items():
+        lines.append(f"| {algorithm} | {d['mean']:+.4f} ± {d['std']:.4f} | {d['min']:+.4f}..{d['max']:+.4f} | {d['verdict']} |")
+    return "\n".join(lines)
+
+
 def markdown(summary: dict[str, dict[str, dict[str, float]]]) -> str:
     keys = [k for k in REPORTED if any(k in s for s in summary.values())]
     lines = ["| algorithm | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
@@ -194,11 +242,15 @@ def compare(
     summary = {algorithm: summarize_runs(runs) for algorithm, runs in curves.items()}
     out.mkdir(parents=True, exist_ok=True)
     shareable = {k: _home_relative(v) for k, v in base_config.items()}
-    (out / "comparison.json").write_text(json.dumps({"config": shareable, "seeds": seeds, "summary": summary}, indent=2))
-    (out / "comparison.md").write_text(markdown(summary) + "\n")
-    key = next((k for k in ("acc_domain_min", "accuracy_wmean", "mse_wmean", "loss_wmean")
-                if any(k in s for s in summary.values())), "loss_wmean")
-    plot(curves, out / "comparison.png", "accuracy_wmean" if any("accuracy_wmean" in s for s in summary.values()) else key)
+    key = next((k for k in ("accuracy_wmean", "mse_wmean", "loss_wmean") if any(k in s for s in summary.values())), "loss_wmean")
+    reference = algorithms[0]
+    paired = paired_differences(curves, key, reference)
+    (out / "comparison.json").write_text(json.dumps(
+        {"config": shareable, "seeds": seeds, "summary": summary, "paired": {"key": key, "reference": reference, "differences": paired}},
+        indent=2,
+    ))
+    (out / "comparison.md").write_text(markdown(summary) + "\n\n" + paired_markdown(paired, key, reference) + "\n")
+    plot(curves, out / "comparison.png", key)
     return summary
 
 

@@ -58,3 +58,24 @@ def test_reuse_reads_finished_runs_and_reruns_changed_ones(tmp_path, blobs_datas
     assert calls == [1] and changed != first
     compare_module.compare(base | {"learning-rate": 0.2}, ["fedavg"], [0], tmp_path)  # no reuse: runs
     assert calls == [1, 1]
+
+
+def test_paired_differences_call_a_win_only_when_every_seed_agrees_beyond_the_spread():
+    def runs(*finals):
+        return [[{"round": 1, "accuracy_wmean": 0.0}, {"round": 2, "accuracy_wmean": f}] for f in finals]
+
+    curves = {
+        "base": runs(0.50, 0.60, 0.70),
+        "better": runs(0.55, 0.66, 0.74),    # +0.05, +0.06, +0.04: same sign, mean 0.05 > std 0.01
+        "noisy": runs(0.60, 0.58, 0.75),     # +0.10, -0.02, +0.05: signs disagree
+        "worse": runs(0.40, 0.50, 0.60),     # -0.10 on every seed, std 0
+        "spread": runs(0.51, 0.70, 0.71),    # +0.01, +0.10, +0.01: same sign, mean 0.04 < std 0.052
+    }
+    paired = compare_module.paired_differences(curves, "accuracy_wmean", "base")
+    assert paired["better"]["verdict"] == "ahead" and paired["better"]["mean"] == pytest.approx(0.05)
+    assert paired["noisy"]["verdict"] == "tie"
+    assert paired["worse"]["verdict"] == "behind" and paired["worse"]["min"] == pytest.approx(-0.10)
+    assert paired["spread"]["verdict"] == "tie"
+    assert compare_module.paired_differences({"base": runs(0.5), "x": runs(0.9)}, "accuracy_wmean", "base")["x"]["verdict"] == "one seed"
+    table = compare_module.paired_markdown(paired, "accuracy_wmean", "base")
+    assert "| better | +0.0500 ± 0.0100 | +0.0400..+0.0600 | ahead |" in table
