@@ -11,11 +11,12 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from flwr_pfl.app.client_app import app as client_app
 from flwr_pfl.app.inprocess import run_inprocess
 from flwr_pfl.app.server_app import app as server_app
+
+from fakes import register_shift_dataset
 
 NUM_CLIENTS = 4
 
@@ -25,20 +26,7 @@ def shift_dataset() -> str:
     """'test-fda-shift': 4 classes x 4 domains, 500 samples per domain; domain m's class centres
     are the shared centres plus a fixed random offset (0.8 per coordinate; a covariate shift),
     with noise of std 2 around them."""
-    from flwr_pfl.data.registry import DatasetPool, register_dataset
-
-    def build(config) -> DatasetPool:
-        g = torch.Generator().manual_seed(4321)
-        centers = 1.2 * torch.randn(4, 20, generator=g)
-        offsets = 0.8 * torch.randn(4, 20, generator=g)
-        per = 500
-        y = torch.arange(4 * per) % 4
-        d = torch.arange(4 * per) // per
-        x = centers[y] + offsets[d] + 2.0 * torch.randn(4 * per, 20, generator=g)
-        return DatasetPool(x=x, y=y, domain=d, num_classes=4, num_domains=4)
-
-    register_dataset("test-fda-shift", build, replace=True)
-    return "test-fda-shift"
+    return register_shift_dataset("test-fda-shift")
 
 
 def fda_config(tmp_path, dataset, algorithm, name="run", seed=0, **overrides):

@@ -16,8 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from flwr.app import Context, RecordDict
-from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
-from flwr.server.client_proxy import ClientProxy
+from flwr.common import parameters_to_ndarrays
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -28,30 +27,14 @@ from flwr_pfl.strategies import FedAvg, FedRep
 from flwr_pfl.training import evaluate, get_arrays, group_shapes, set_arrays, train
 from flwr_pfl.training.optim import OptimizerConfig
 
+from fakes import FakeProxy, fit_res
+from fakes import assert_arrays_close as close
+
 CPU = torch.device("cpu")
 LR = 0.3
 
 
 # ------------------------------------------------------------------------------------ helpers
-class FakeProxy(ClientProxy):
-    """A client proxy that is never called: aggregate_fit only reads its cid."""
-
-    def get_properties(self, ins, timeout, group_id):  # pragma: no cover
-        raise NotImplementedError
-
-    def get_parameters(self, ins, timeout, group_id):  # pragma: no cover
-        raise NotImplementedError
-
-    def fit(self, ins, timeout, group_id):  # pragma: no cover
-        raise NotImplementedError
-
-    def evaluate(self, ins, timeout, group_id):  # pragma: no cover
-        raise NotImplementedError
-
-    def reconnect(self, ins, timeout, group_id):  # pragma: no cover
-        raise NotImplementedError
-
-
 def make_model(seed: int = 0, num_heads: int = 1) -> EncoderHeadModel:
     torch.manual_seed(seed)
     return EncoderHeadModel(nn.Sequential(nn.Linear(5, 4), nn.Tanh()), 4, 3, num_heads=num_heads)
@@ -82,12 +65,6 @@ def replay(model: EncoderHeadModel, data: LocalData, *phases: tuple[tuple[str, .
             for groups, epochs in phases]
 
 
-def close(a: list[np.ndarray], b: list[np.ndarray], atol: float = 1e-6) -> None:
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        np.testing.assert_allclose(x, y, rtol=1e-5, atol=atol)
-
-
 def differ(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
     return any(not np.allclose(x, y, atol=1e-6) for x, y in zip(a, b))
 
@@ -99,8 +76,7 @@ def test_fedavg_aggregate_fit_weights_replies_by_example_count():
     rng = np.random.default_rng(0)
     sizes = [5, 20, 75]
     client_arrays = [[rng.standard_normal(sh).astype(np.float32) for sh in shapes] for _ in sizes]
-    results = [(FakeProxy(str(i)), FitRes(Status(Code.OK, ""), ndarrays_to_parameters(a), n, {"partition_id": i}))
-               for i, (a, n) in enumerate(zip(client_arrays, sizes))]
+    results = [(FakeProxy(str(i)), fit_res(a, n, i)) for i, (a, n) in enumerate(zip(client_arrays, sizes))]
     params, metrics = s.aggregate_fit(1, results, [])
     out = parameters_to_ndarrays(params)
     w = np.array(sizes, float) / sum(sizes)
@@ -114,8 +90,7 @@ def test_fedrep_server_averages_bodies_by_example_count():
     body = get_arrays(model, "body")
     s = FedRep(num_clients=2, initial_arrays=body)
     a, b = [np.ones_like(x) for x in body], [np.full_like(x, 4.0) for x in body]
-    results = [(FakeProxy("a"), FitRes(Status(Code.OK, ""), ndarrays_to_parameters(a), 30, {"partition_id": 0})),
-               (FakeProxy("b"), FitRes(Status(Code.OK, ""), ndarrays_to_parameters(b), 10, {"partition_id": 1}))]
+    results = [(FakeProxy("a"), fit_res(a, 30, 0)), (FakeProxy("b"), fit_res(b, 10, 1))]
     out = parameters_to_ndarrays(s.aggregate_fit(1, results, [])[0])
     close(out, [np.full_like(x, 1.75) for x in body])  # (30 * 1 + 10 * 4) / 40
 

@@ -21,9 +21,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from flwr.app import Context, RecordDict
-from flwr.common import Code, FitRes, GetPropertiesRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
-from flwr.server.client_manager import SimpleClientManager
-from flwr.server.client_proxy import ClientProxy
+from flwr.common import Code, GetPropertiesRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -38,6 +36,8 @@ from flwr_pfl.models.base import EncoderHeadModel
 from flwr_pfl.strategies.feddar import FedDAR, SeparateFedAvg
 from flwr_pfl.training import get_arrays, set_arrays, train
 from flwr_pfl.training.optim import OptimizerConfig
+
+from fakes import FakeProxy, client_manager, fit_res
 
 CPU = torch.device("cpu")
 LR = 0.4
@@ -167,13 +167,12 @@ def encoder_count() -> int:
     return len(get_arrays(make_model(), "body"))
 
 
-class HeadProxy(ClientProxy):
+class HeadProxy(FakeProxy):
     """A client answering the count query with its row of COUNTS and the head phase with crafted
     local heads and Hessians; records every fit instruction it gets."""
 
     def __init__(self, cid: str, pid: int, with_hessians: bool = True) -> None:
-        super().__init__(cid)
-        self.pid = pid
+        super().__init__(cid, pid)
         self.with_hessians = with_hessians
         self.configs: list[dict] = []
         rng = np.random.default_rng(pid)
@@ -189,25 +188,12 @@ class HeadProxy(ClientProxy):
     def fit(self, ins, timeout, group_id):
         self.configs.append(dict(ins.config))
         arrays = [self.heads, COUNTS[self.pid].copy()] + ([self.hessians] if self.with_hessians else [])
-        return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), int(COUNTS[self.pid].sum()),
-                      {"partition_id": self.pid, "head_loss": 0.1})
-
-    def get_parameters(self, ins, timeout, group_id):  # pragma: no cover
-        raise NotImplementedError
-
-    def evaluate(self, ins, timeout, group_id):  # pragma: no cover
-        raise NotImplementedError
-
-    def reconnect(self, ins, timeout, group_id):  # pragma: no cover
-        raise NotImplementedError
+        return fit_res(arrays, int(COUNTS[self.pid].sum()), self.pid, {"head_loss": 0.1})
 
 
 def federation(with_hessians: bool = True):
-    cm = SimpleClientManager()
     proxies = [HeadProxy(str(100 + i), i, with_hessians) for i in range(len(COUNTS))]
-    for p in proxies:
-        cm.register(p)
-    return cm, proxies
+    return client_manager(proxies), proxies
 
 
 def strategy(**kwargs) -> FedDAR:
@@ -282,8 +268,7 @@ def test_representation_phase_averages_encoders_by_client_sample_count():
     e = encoder_count()
     encoders = [[np.full_like(a, float(i + 1)) for a in global_arrays()[:e]] for i in range(3)]
     sizes = COUNTS.sum(1).astype(int)  # 14, 12, 30
-    results = [(p, FitRes(Status(Code.OK, ""), ndarrays_to_parameters(enc), int(n), {"partition_id": p.pid}))
-               for p, enc, n in zip(proxies, encoders, sizes)]
+    results = [(p, fit_res(enc, int(n), p.pid)) for p, enc, n in zip(proxies, encoders, sizes)]
     params, _ = s.aggregate_fit(1, results, [])
     out = parameters_to_ndarrays(params)
     expected = (1 * 14 + 2 * 12 + 3 * 30) / 56
@@ -298,10 +283,8 @@ def test_separate_fedavg_weights_each_domain_model_by_its_domain_count():
     s = SeparateFedAvg(num_clients=2, initial_arrays=one + one)
     s.count_table = {0: np.array([3.0, 1.0]), 1: np.array([1.0, 3.0])}
     replies = [
-        (HeadProxy("a", 0), FitRes(Status(Code.OK, ""), ndarrays_to_parameters(
-            [np.ones_like(a) for a in one + one] + [np.array([3.0, 1.0])]), 4, {"partition_id": 0})),
-        (HeadProxy("b", 1), FitRes(Status(Code.OK, ""), ndarrays_to_parameters(
-            [np.full_like(a, 5.0) for a in one + one] + [np.array([1.0, 3.0])]), 4, {"partition_id": 1})),
+        (HeadProxy("a", 0), fit_res([np.ones_like(a) for a in one + one] + [np.array([3.0, 1.0])], 4, 0)),
+        (HeadProxy("b", 1), fit_res([np.full_like(a, 5.0) for a in one + one] + [np.array([1.0, 3.0])], 4, 1)),
     ]
     out = parameters_to_ndarrays(s.aggregate_fit(1, replies, [])[0])
     for a in out[: len(one)]:

@@ -24,8 +24,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from flwr.app import Context, RecordDict
-from flwr.common import Code, FitRes, Parameters, Status, ndarrays_to_parameters, parameters_to_ndarrays
-from torch import nn
+from flwr.common import Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 from torch.utils.data import DataLoader, TensorDataset
 
 from flwr_pfl.clients import FedGPClient
@@ -39,27 +38,16 @@ from flwr_pfl.core.fedgp import (
     summarize_step_updates,
     tensor_roles,
 )
-from flwr_pfl.models.base import EncoderHeadModel
 from flwr_pfl.strategies import FedDA, FedGP
 from flwr_pfl.strategies.fedgp import TargetOnly
 from flwr_pfl.training import OptimizerConfig, get_arrays, set_arrays
 
+from fakes import FakeProxy, arrays_of, fit_res, load_test_module, register_shift_dataset, tiny_model
+from fakes import assert_arrays_close as close
+
 LR = 0.4
 BATCH = 6
 N_TARGET = 8
-
-
-def tiny_model(seed: int = 0) -> EncoderHeadModel:
-    g = torch.Generator().manual_seed(seed)
-    model = EncoderHeadModel(nn.Sequential(nn.Linear(5, 4), nn.Tanh()), 4, 3)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g))
-    return model
-
-
-def arrays_of(seed: int) -> list[np.ndarray]:
-    return get_arrays(tiny_model(seed))
 
 
 def flat(arrays) -> np.ndarray:
@@ -100,12 +88,6 @@ def reference(start, lr: float, epochs: int, target: bool) -> tuple[list[np.ndar
                     p -= lr * g
             trajectory.append(flat(get_arrays(model)))
     return get_arrays(model), trajectory
-
-
-def close(actual, expected, atol=1e-6):
-    assert len(actual) == len(expected)
-    for a, e in zip(actual, expected):
-        np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(e, np.float64), rtol=1e-5, atol=atol)
 
 
 def fda_instructions(**overrides) -> dict:
@@ -208,11 +190,6 @@ SOURCES = {0: (10, 2, 0.1), 1: (40, 5, 0.1), 2: (25, 9, 0.1)}  # pid: (n_i, K_i,
 TARGET = (3, N_TARGET, 4, 0.02)  # pid, n_T, B, lr_T
 
 
-class Proxy:
-    def __init__(self, cid: str) -> None:
-        self.cid = cid
-
-
 def source_uploads() -> dict[int, list[np.ndarray]]:
     return {pid: arrays_of(10 + pid) for pid in SOURCES}
 
@@ -234,14 +211,14 @@ def replies(*, warmup: bool = False, extra: list[np.ndarray] | None = None, targ
     out = []
     for pid, (n, k, lr) in SOURCES.items():
         metrics = {"partition_id": pid, "is_target": 0, "num_steps": k, "lr": lr, "buffer_mask": "0000"}
-        out.append((Proxy(f"c{pid}"), FitRes(Status(Code.OK, ""), ndarrays_to_parameters(source_uploads()[pid]), n, metrics)))
+        out.append((FakeProxy(f"c{pid}"), fit_res(source_uploads()[pid], n, metrics=metrics)))
     pid, n, b, lr = TARGET
     if warmup:
         metrics, arrays = {"partition_id": pid, "is_target": 1, "skipped": 1}, []
     else:
         metrics = {"partition_id": pid, "is_target": 1, "num_steps": b, "lr": lr, "n_model_arrays": 4} | (target_metrics or {})
         arrays = target_upload() + (extra or [])
-    out.append((Proxy(f"c{pid}"), FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), n, metrics)))
+    out.append((FakeProxy(f"c{pid}"), fit_res(arrays, n, metrics=metrics)))
     return out
 
 
@@ -251,7 +228,7 @@ def run_round(strategy, server_round: int, **kwargs):
     recorded = {}
     strategy.on_round = lambda r, phase, metrics, clients: recorded.update(metrics) if phase == "fit" else None
     params = ndarrays_to_parameters(strategy.global_arrays)
-    ins = strategy.fit_instructions(server_round, params, [Proxy(f"c{p}") for p in (0, 1, 2, 3)])
+    ins = strategy.fit_instructions(server_round, params, [FakeProxy(f"c{p}") for p in (0, 1, 2, 3)])
     strategy.aggregate_fit(server_round, replies(**kwargs), [])
     return strategy.global_arrays, recorded, {p.cid: i.config for p, i in ins}
 
@@ -346,7 +323,7 @@ def test_instructions_follow_the_schedule():
     in auto FDA rounds; Target Only keeps the sources idle."""
     strategy = make(FedGP, auto_weight=True, lr_decay_after_warmup=0.1, max_step_updates=3)
     params = Parameters(tensors=[], tensor_type="numpy.ndarray")
-    proxies = [Proxy("c0"), Proxy("c3")]
+    proxies = [FakeProxy("c0"), FakeProxy("c3")]
     first = strategy.fit_instructions(1, params, proxies)[0][1].config
     second = strategy.fit_instructions(2, params, proxies)[0][1].config
     assert (first["fedgp.lr-scale"], second["fedgp.lr-scale"]) == (1.0, pytest.approx(0.1))
@@ -366,17 +343,17 @@ def test_target_placement_forwards_the_sources_and_maps_their_statistics_back():
                      initial_arrays=[a.copy() for a in GLOBAL])
     params = ndarrays_to_parameters(GLOBAL)
     up = source_uploads()
-    strategy.fit_instructions(1, params, [Proxy(f"c{p}") for p in (0, 1, 2, 3)])
+    strategy.fit_instructions(1, params, [FakeProxy(f"c{p}") for p in (0, 1, 2, 3)])
     strategy.aggregate_fit(1, replies(warmup=True), [])  # warm-up: the server learns who the target is
     strategy.global_arrays = [a.copy() for a in GLOBAL]
-    strategy.fit_instructions(2, params, [Proxy(f"c{p}") for p in SOURCES])
+    strategy.fit_instructions(2, params, [FakeProxy(f"c{p}") for p in SOURCES])
     results = []
     for p, (n, k, lr) in SOURCES.items():
         metrics = {"partition_id": pids[p], "is_target": 0, "num_steps": k, "lr": lr}
-        results.append((Proxy(f"c{p}"), FitRes(Status(Code.OK, ""), ndarrays_to_parameters(up[p]), n, metrics)))
+        results.append((FakeProxy(f"c{p}"), fit_res(up[p], n, metrics=metrics)))
     strategy.aggregate_fit(2, results, [])
     close(strategy.global_arrays, GLOBAL, atol=0)  # unchanged until the target aggregates
-    ins = strategy.fit_instructions(3, params, [Proxy("c3")])[0][1]
+    ins = strategy.fit_instructions(3, params, [FakeProxy("c3")])[0][1]
     arrays = parameters_to_ndarrays(ins.parameters)
     meta = json.loads(ins.config["fedgp.sources"])
     close(arrays[:4], GLOBAL, atol=0)
@@ -392,8 +369,8 @@ def test_target_placement_forwards_the_sources_and_maps_their_statistics_back():
     new_global = arrays_of(55)
     target_metrics = {"partition_id": 7, "is_target": 1, "num_steps": 4, "lr": 0.02}
     target_metrics |= {f"fda.beta_s{j}": 0.1 * (j + 1) for j in range(3)}
-    res = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(new_global), N_TARGET, target_metrics)
-    strategy.aggregate_fit(3, [(Proxy("c3"), res)], [])
+    res = fit_res(new_global, N_TARGET, metrics=target_metrics)
+    strategy.aggregate_fit(3, [(FakeProxy("c3"), res)], [])
     close(strategy.global_arrays, new_global, atol=0)  # the target's reply is the new global model
     for j, p in enumerate(order):
         assert recorded[f"beta_p{pids[p]}"] == pytest.approx(0.1 * (j + 1))
@@ -405,31 +382,7 @@ def conflict_dataset() -> str:
     """'test-fda-conflict': the covariate-shift data of tests/app/test_fedgp_e2e.py (4 classes x
     4 domains, 500 samples each), but the sources (domains 0-2) label class c as (c + 1) mod 4:
     their updates pull the shared head toward a labelling the target (domain 3) contradicts."""
-    from flwr_pfl.data.registry import DatasetPool, register_dataset
-
-    def build(config) -> DatasetPool:
-        g = torch.Generator().manual_seed(4321)
-        centers = 1.2 * torch.randn(4, 20, generator=g)
-        offsets = 0.8 * torch.randn(4, 20, generator=g)
-        per = 500
-        c = torch.arange(4 * per) % 4
-        d = torch.arange(4 * per) // per
-        x = centers[c] + offsets[d] + 2.0 * torch.randn(4 * per, 20, generator=g)
-        return DatasetPool(x=x, y=torch.where(d < 3, (c + 1) % 4, c), domain=d, num_classes=4, num_domains=4)
-
-    register_dataset("test-fda-conflict", build, replace=True)
-    return "test-fda-conflict"
-
-
-def _e2e_module():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "app" / "test_fedgp_e2e.py"
-    spec = importlib.util.spec_from_file_location("_fedgp_e2e_helpers", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return register_shift_dataset("test-fda-conflict", sources_relabelled=True)
 
 
 def test_fedgp_filters_the_conflicting_sources_that_fedda_averages_in(tmp_path, conflict_dataset):
@@ -448,7 +401,7 @@ def test_fedgp_filters_the_conflicting_sources_that_fedda_averages_in(tmp_path, 
     from flwr_pfl.app.inprocess import run_inprocess
     from flwr_pfl.app.server_app import app as server_app
 
-    e2e = _e2e_module()
+    e2e = load_test_module("app/test_fedgp_e2e.py", "_fedgp_e2e_helpers")
     for seed in (0, 1):
         acc = {}
         for algorithm in ("fedgp", "fedda"):

@@ -17,46 +17,28 @@ The last test is end to end (in process): the adaptive rule of Eq. 8 against a c
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from flwr.app import Context, RecordDict
-from flwr.common import Code, EvaluateRes, FitRes, GetPropertiesRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
-from flwr.server.client_manager import SimpleClientManager
-from flwr.server.client_proxy import ClientProxy
-from torch import nn
+from flwr.common import Code, EvaluateRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 from torch.utils.data import DataLoader, TensorDataset
 
 from flwr_pfl.clients import FEDORAClient
 from flwr_pfl.clients.base import LocalData, TrainConfig
 from flwr_pfl.core import fedora as core
-from flwr_pfl.models.base import EncoderHeadModel
 from flwr_pfl.strategies import FEDORA
 from flwr_pfl.strategies.fedora import client_rule_config
 from flwr_pfl.training import OptimizerConfig, get_arrays, load_arrays, save_arrays, set_arrays
+
+from fakes import FakeProxy, arrays_of, assert_arrays_close, client_manager, fit_res, load_test_module, tiny_model
 
 LR = 0.3
 BATCH = 6
 
 
 # ------------------------------------------------------------------------------ client helpers
-def tiny_model(seed: int = 0, scale: float = 1.0) -> EncoderHeadModel:
-    g = torch.Generator().manual_seed(seed)
-    model = EncoderHeadModel(nn.Sequential(nn.Linear(5, 4), nn.Tanh()), 4, 3)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(scale * torch.randn(p.shape, generator=g))
-    return model
-
-
-def arrays_of(seed: int, scale: float = 1.0) -> list[np.ndarray]:
-    return get_arrays(tiny_model(seed, scale))
-
-
 def dataset(teacher: list[np.ndarray], n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and the labels ``teacher`` predicts (so that ``teacher`` has a low loss)."""
     g = torch.Generator().manual_seed(seed)
@@ -133,12 +115,6 @@ def reference_sgd(start, epochs: int, aux=None, lam: float = 0.0, factor: float 
                     for p, pb, a in zip(params, before, anchor):
                         p -= LR * factor * lam * (pb - a)
     return get_arrays(model)
-
-
-def assert_arrays_close(actual, expected, atol=1e-6):
-    assert len(actual) == len(expected)
-    for a, e in zip(actual, expected):
-        np.testing.assert_allclose(a, e, rtol=1e-5, atol=atol)
 
 
 def stored(state: RecordDict, key: str = "personal"):
@@ -259,28 +235,16 @@ K = 4
 LAYOUT = arrays_of(0)
 
 
-class FakeProxy(ClientProxy):
-    """Answers the setup exchange with a canned subspace; nothing else is called."""
+class SubspaceProxy(FakeProxy):
+    """Answers the setup exchange with a canned subspace."""
 
     def __init__(self, cid: str, pid: int, subspace: np.ndarray) -> None:
-        super().__init__(cid)
-        self.pid, self.subspace = pid, subspace
+        super().__init__(cid, pid)
+        self.subspace = subspace
 
     def fit(self, ins, timeout, group_id):
         assert ins.config["fedora-phase"] == "setup"
-        return FitRes(Status(Code.OK, ""), ndarrays_to_parameters([self.subspace]), 10, {"partition_id": self.pid})
-
-    def get_properties(self, ins, timeout, group_id):
-        return GetPropertiesRes(Status(Code.OK, ""), {"partition_id": self.pid})
-
-    def get_parameters(self, ins, timeout, group_id):  # pragma: no cover
-        raise NotImplementedError
-
-    def evaluate(self, ins, timeout, group_id):  # pragma: no cover
-        raise NotImplementedError
-
-    def reconnect(self, ins, timeout, group_id):  # pragma: no cover
-        raise NotImplementedError
+        return fit_res([self.subspace], 10, self.pid)
 
 
 def subspaces() -> list[np.ndarray]:
@@ -296,11 +260,8 @@ def subspaces() -> list[np.ndarray]:
 def strategy_and_manager(**kwargs):
     config = core.FedoraConfig(graph=core.GraphOptions(top_k=2), propagation=core.PropagationOptions(kappa=0.6))
     strategy = FEDORA(num_clients=K, config=config, fraction_fit=1.0, wait_timeout=5, initial_arrays=LAYOUT, **kwargs)
-    cm = SimpleClientManager()
-    proxies = [FakeProxy(f"c{pid}", pid, u) for pid, u in enumerate(subspaces())]
-    for proxy in proxies:
-        cm.register(proxy)
-    return strategy, cm, {p.pid: p for p in proxies}, config
+    proxies = [SubspaceProxy(f"c{pid}", pid, u) for pid, u in enumerate(subspaces())]
+    return strategy, client_manager(proxies), {p.pid: p for p in proxies}, config
 
 
 def flat(arrays) -> np.ndarray:
@@ -323,8 +284,7 @@ def test_strategy_sends_each_client_its_propagated_model():
     assert not np.allclose(m, np.eye(K))
     uploads = {pid: arrays_of(20 + pid) for pid in range(K)}
     failed = 3
-    results = [(proxies[pid], FitRes(Status(Code.OK, ""), ndarrays_to_parameters(uploads[pid]), 5 + 7 * pid,
-                                     {"partition_id": pid, "lambda": 0.1}))
+    results = [(proxies[pid], fit_res(uploads[pid], 5 + 7 * pid, pid, {"lambda": 0.1}))
                for pid in range(K) if pid != failed]
     strategy.aggregate_fit(1, results, [])
     theta = np.stack([flat(uploads[pid]) if pid != failed else flat(LAYOUT) for pid in range(K)])
@@ -374,14 +334,6 @@ def test_transfer_metrics_and_the_best_validation_round():
 
 
 # ------------------------------------------------------------------------------ end to end
-def _e2e_module():
-    path = Path(__file__).resolve().parents[1] / "app" / "test_fedora_e2e.py"
-    spec = importlib.util.spec_from_file_location("_fedora_e2e_helpers", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_adaptive_lambda_avoids_the_negative_transfer_a_constant_lambda_suffers(tmp_path):
     """End to end (in process, the registered app): 6 clients of the rotated-prototype federation
     60 degrees apart, so every neighbour's model is a poor model for a client (2 local epochs, 4
@@ -397,7 +349,7 @@ def test_adaptive_lambda_avoids_the_negative_transfer_a_constant_lambda_suffers(
     comparison turns it on in every round after the first, with too small a lambda to show in
     the accuracy).
     """
-    e2e = _e2e_module()
+    e2e = load_test_module("app/test_fedora_e2e.py", "_fedora_e2e_helpers")
     for seed in (0, 1):
         r_acc = {}
         for name, rule in (("adaptive", {"fedora.lambda-rule": "paper"}),

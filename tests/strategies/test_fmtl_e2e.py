@@ -16,7 +16,6 @@ import pytest
 import torch
 from flwr.app import Context, RecordDict
 from flwr.client import ClientApp
-from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 from flwr.server import ServerConfig
 from flwr.server.compat import start_grid
 from flwr.serverapp import ServerApp
@@ -44,6 +43,8 @@ from flwr_pfl.models.base import EncoderHeadModel
 from flwr_pfl.models.encoders import LinearEncoder
 from flwr_pfl.strategies import FedFMTL
 from flwr_pfl.training import OptimizerConfig, get_arrays
+
+from fakes import FakeProxy, fit_res
 
 # ------------------------------------------------------------------------------------------------
 # The linear problem: closed form through Flower
@@ -242,8 +243,8 @@ def test_client_holding_no_task_is_rejected_in_phase_2(tmp_path, blobs_dataset) 
     assert [r["num_rejected"] for r in fits] == [0.0, 0.0, 3.0, 3.0]  # phase 1 is plain FedAvg
     # and the reason is named
     strategy = FedFMTL(num_clients=1, t1_rounds=0, min_count=5, initial_arrays=[np.zeros((2, 3)), np.zeros((4, 2)), np.zeros(4)])
-    proxy = type("P", (), {"cid": "7"})()
-    res = FitRes(Status(Code.OK, ""), ndarrays_to_parameters([np.zeros((4, 2)), np.zeros(4), np.array([1, 2, 0, 1])]), 4, {"partition_id": 3})
+    proxy = FakeProxy("7")
+    res = fit_res([np.zeros((4, 2)), np.zeros(4), np.array([1, 2, 0, 1])], 4, 3)
     with pytest.raises(Exception, match="hold.*no task"):
         strategy.check_reply(1, proxy, res)
 

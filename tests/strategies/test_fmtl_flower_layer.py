@@ -19,33 +19,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 from flwr.app import Context, RecordDict
-from flwr.common import Code, FitRes, Parameters, Status, ndarrays_to_parameters
-from torch import nn
+from flwr.common import FitRes, Parameters
 from torch.utils.data import DataLoader, TensorDataset
 
 from flwr_pfl.clients import FedFMTLClient
 from flwr_pfl.clients.base import LocalData, TrainConfig
 from flwr_pfl.core.fmtl import FMTLWeightingOptions
-from flwr_pfl.models.base import EncoderHeadModel
 from flwr_pfl.strategies import FedFMTL
 from flwr_pfl.training import OptimizerConfig, get_arrays, set_arrays
+
+from fakes import FakeProxy, arrays_of, fit_res, tiny_model
+from fakes import assert_arrays_close as close
 
 LR = 0.4
 BATCH = 6
 M = 3
-
-
-def tiny_model(seed: int = 0) -> EncoderHeadModel:
-    g = torch.Generator().manual_seed(seed)
-    model = EncoderHeadModel(nn.Sequential(nn.Linear(5, 4), nn.Tanh()), 4, M)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g))
-    return model
-
-
-def arrays_of(seed: int) -> list[np.ndarray]:
-    return get_arrays(tiny_model(seed))
 
 
 X = torch.randn(12, 5, generator=torch.Generator().manual_seed(3))
@@ -79,12 +67,6 @@ def reference(start, epochs: int, heads_only: bool, mu: float = 0.0) -> list[np.
                 for p, g in zip(params, grads):
                     p -= LR * g
     return get_arrays(model)
-
-
-def close(actual, expected, atol=1e-6):
-    assert len(actual) == len(expected)
-    for a, e in zip(actual, expected):
-        np.testing.assert_allclose(a, e, rtol=1e-5, atol=atol)
 
 
 def config(phase: int, upload: str = "full", stats: bool = False) -> dict:
@@ -158,15 +140,9 @@ COUNTS = {  # five clients with unequal sizes; each holds at least one task
 }
 
 
-class Proxy:
-    def __init__(self, cid: str) -> None:
-        self.cid = cid
-
-
-def reply(pid: int, arrays: list[np.ndarray]) -> tuple[Proxy, FitRes]:
+def reply(pid: int, arrays: list[np.ndarray]) -> tuple[FakeProxy, FitRes]:
     counts = np.array(COUNTS[pid], dtype=np.int64)
-    res = FitRes(Status(Code.OK, ""), ndarrays_to_parameters([*arrays, counts]), int(counts.sum()), {"partition_id": pid})
-    return Proxy(f"c{pid}"), res
+    return FakeProxy(f"c{pid}"), fit_res([*arrays, counts], int(counts.sum()), pid)
 
 
 def uploads() -> dict[int, list[np.ndarray]]:
@@ -254,7 +230,7 @@ def test_schedule_and_instructions():
     s = strategy(weighting=FMTLWeightingOptions(scheme="fmtl_eq10"))
     s.partition_of = {"c0": 0, "c1": 1}
     params = Parameters(tensors=[], tensor_type="numpy.ndarray")
-    proxies = [Proxy("c0"), Proxy("c1"), Proxy("c9")]
+    proxies = [FakeProxy("c0"), FakeProxy("c1"), FakeProxy("c9")]
     by_round = {r: {p.cid: ins.config for p, ins in s.fit_instructions(r, params, proxies)} for r in (2, 3)}
     assert {c["fmtl-phase"] for c in by_round[2].values()} == {1}
     assert {c["fmtl-upload"] for c in by_round[2].values()} == {"full"}

@@ -15,9 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from flwr.app import Context, RecordDict
-from flwr.common import Code, GetPropertiesRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
-from flwr.server.client_manager import SimpleClientManager
-from flwr.server.client_proxy import ClientProxy
+from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 from torch import nn
 
 import flwr_pfl.core.pfedfda as core
@@ -26,11 +24,16 @@ from flwr_pfl.clients.base import LocalData, TrainConfig
 from flwr_pfl.core.pfedfda import BetaSearch, PFedFDAConfig
 from flwr_pfl.data.types import ArraySplit
 from flwr_pfl.models.base import EncoderHeadModel
-from flwr_pfl.strategies import PFedFDA
 from flwr_pfl.training import collect_features, get_arrays
 from flwr_pfl.training.optim import OptimizerConfig
 
-C, D = 3, 4
+from fakes import manager
+from fakes import PFEDFDA_CLASSES as C
+from fakes import PFEDFDA_FEATURES as D
+from fakes import pfedfda_strategy as strategy
+from fakes import pfedfda_wire as wire
+from fakes import ready_pfedfda_strategy as ready_strategy
+
 CPU = torch.device("cpu")
 # skewed labels: the local priors (14, 4, 2) / 20 differ clearly from uniform
 LABELS = [0] * 14 + [1] * 4 + [2] * 2
@@ -127,51 +130,6 @@ def test_evaluate_scores_the_test_split_with_the_personalized_head_and_local_pri
 
 
 # ------------------------------------------------------------------------------------ server
-class FakeProxy(ClientProxy):
-    """Answers get_properties with its partition id; nothing else is called here."""
-
-    def __init__(self, cid: str, pid: int) -> None:
-        super().__init__(cid)
-        self.pid = pid
-
-    def get_properties(self, ins, timeout, group_id):
-        return GetPropertiesRes(Status(Code.OK, ""), {"partition_id": self.pid})
-
-    def get_parameters(self, ins, timeout, group_id):  # pragma: no cover
-        raise NotImplementedError
-
-    def fit(self, ins, timeout, group_id):  # pragma: no cover
-        raise NotImplementedError
-
-    def evaluate(self, ins, timeout, group_id):  # pragma: no cover
-        raise NotImplementedError
-
-    def reconnect(self, ins, timeout, group_id):  # pragma: no cover
-        raise NotImplementedError
-
-
-def manager(n: int) -> SimpleClientManager:
-    cm = SimpleClientManager()
-    for i in range(n):
-        cm.register(FakeProxy(str(6000 + 13 * i), i))
-    return cm
-
-
-def wire(backbone_value: float = 0.0) -> list[np.ndarray]:
-    backbone = [np.full((D, 2), backbone_value, np.float32), np.full((D,), backbone_value, np.float32)]
-    return core.join_wire(backbone, np.zeros((C, D), np.float32), np.eye(D, dtype=np.float32))
-
-
-def strategy(**kwargs) -> PFedFDA:
-    return PFedFDA(**({"num_clients": 10, "fraction_fit": 0.3, "seed": 0, "wait_timeout": 5} | kwargs))
-
-
-def ready_strategy(**kwargs) -> PFedFDA:
-    s = strategy(**kwargs)
-    s.configure_fit(1, ndarrays_to_parameters(wire()), manager(10))
-    return s
-
-
 def test_gaussian_mean_init_sends_standard_normal_initial_means():
     s = strategy(mean_init="gaussian", seed=3)
     ins = s.configure_fit(1, ndarrays_to_parameters(wire(1.0)), manager(10))

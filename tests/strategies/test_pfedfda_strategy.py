@@ -7,9 +7,7 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import Context, RecordDict
-from flwr.common import Code, FitRes, GetPropertiesRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
-from flwr.server.client_manager import SimpleClientManager
-from flwr.server.client_proxy import ClientProxy
+from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 from torch import nn
 
 import flwr_pfl.core.pfedfda as core
@@ -18,56 +16,15 @@ from flwr_pfl.clients.base import LocalData, TrainConfig
 from flwr_pfl.data.types import ArraySplit
 from flwr_pfl.errors import ReplyError
 from flwr_pfl.models.base import EncoderHeadModel
-from flwr_pfl.strategies import PFedFDA
 from flwr_pfl.strategies.validation import ClientReply
 from flwr_pfl.training import get_arrays, group_shapes
 
-C, D = 3, 4
-
-
-class FakeProxy(ClientProxy):
-    """Answers get_properties with its partition id; nothing else is called in these tests."""
-
-    def __init__(self, cid: str, pid: int) -> None:
-        super().__init__(cid)
-        self.pid = pid
-
-    def get_properties(self, ins, timeout, group_id):
-        return GetPropertiesRes(Status(Code.OK, ""), {"partition_id": self.pid})
-
-    def get_parameters(self, ins, timeout, group_id):  # pragma: no cover
-        raise NotImplementedError
-
-    def fit(self, ins, timeout, group_id):  # pragma: no cover
-        raise NotImplementedError
-
-    def evaluate(self, ins, timeout, group_id):  # pragma: no cover
-        raise NotImplementedError
-
-    def reconnect(self, ins, timeout, group_id):  # pragma: no cover
-        raise NotImplementedError
-
-
-def manager(n: int) -> SimpleClientManager:
-    cm = SimpleClientManager()
-    for i in range(n):
-        cm.register(FakeProxy(str(5000 + 7 * i), i))
-    return cm
-
-
-def wire(backbone_value: float = 0.0, mu=None, cov=None) -> list[np.ndarray]:
-    backbone = [np.full((D, 2), backbone_value, np.float32), np.full((D,), backbone_value, np.float32)]
-    mu = np.zeros((C, D), np.float32) if mu is None else mu
-    cov = np.eye(D, dtype=np.float32) if cov is None else cov
-    return core.join_wire(backbone, mu, cov)
-
-
-def strategy(**kwargs) -> PFedFDA:
-    return PFedFDA(**({"num_clients": 10, "fraction_fit": 0.3, "seed": 0, "wait_timeout": 5} | kwargs))
-
-
-def fit_res(arrays, n=10, pid=0) -> FitRes:
-    return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), n, {"partition_id": pid})
+from fakes import FakeProxy, fit_res, manager
+from fakes import PFEDFDA_CLASSES as C
+from fakes import PFEDFDA_FEATURES as D
+from fakes import pfedfda_strategy as strategy
+from fakes import pfedfda_wire as wire
+from fakes import ready_pfedfda_strategy as ready_strategy
 
 
 # ------------------------------------------------------------------------------------------
@@ -134,12 +91,6 @@ def test_eval_every_zero_evaluates_only_after_the_last_round():
 # ------------------------------------------------------------------------------------------
 # Server: replies and aggregation
 # ------------------------------------------------------------------------------------------
-
-
-def ready_strategy(**kwargs) -> PFedFDA:
-    s = strategy(**kwargs)
-    s.configure_fit(1, ndarrays_to_parameters(wire()), manager(10))
-    return s
 
 
 def spd(seed: int) -> np.ndarray:

@@ -1,0 +1,159 @@
+"""Shared test scaffolding: fake Flower clients and replies, pFedFDA's server-side wire and
+strategy, a tiny seeded model, a synthetic covariate-shift dataset.
+
+Plain helpers, imported as ``from fakes import ...``: ``tests/`` is on ``sys.path`` through
+``pythonpath`` in pyproject.toml."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterable
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import torch
+from flwr.common import Code, FitRes, GetPropertiesRes, Status, ndarrays_to_parameters
+from flwr.server.client_manager import SimpleClientManager
+from flwr.server.client_proxy import ClientProxy
+from torch import nn
+
+import flwr_pfl.core.pfedfda as pfedfda
+from flwr_pfl.data.registry import DatasetPool, register_dataset
+from flwr_pfl.models.base import EncoderHeadModel
+from flwr_pfl.strategies import PFedFDA
+from flwr_pfl.training import get_arrays
+
+TESTS_DIR = Path(__file__).resolve().parent
+
+
+# ------------------------------------------------------------------------------ clients
+class FakeProxy(ClientProxy):
+    """A client proxy with a cid and, optionally, a partition id.
+
+    ``get_properties`` answers ``{"partition_id": pid}`` (the strategies' partition query);
+    everything else raises ``NotImplementedError``: a test that needs a fit or an evaluation
+    subclasses and overrides that method only.
+    """
+
+    def __init__(self, cid: str, pid: int | None = None) -> None:
+        super().__init__(cid)
+        self.pid = pid
+
+    def get_properties(self, ins, timeout, group_id):
+        if self.pid is None:  # pragma: no cover
+            raise NotImplementedError
+        return GetPropertiesRes(Status(Code.OK, ""), {"partition_id": self.pid})
+
+    def get_parameters(self, ins, timeout, group_id):  # pragma: no cover
+        raise NotImplementedError
+
+    def fit(self, ins, timeout, group_id):  # pragma: no cover
+        raise NotImplementedError
+
+    def evaluate(self, ins, timeout, group_id):  # pragma: no cover
+        raise NotImplementedError
+
+    def reconnect(self, ins, timeout, group_id):  # pragma: no cover
+        raise NotImplementedError
+
+
+def client_manager(proxies: Iterable[ClientProxy]) -> SimpleClientManager:
+    """A ``SimpleClientManager`` with every proxy of ``proxies`` registered."""
+    cm = SimpleClientManager()
+    for proxy in proxies:
+        cm.register(proxy)
+    return cm
+
+
+def manager(n: int, first_cid: int = 5000, cid_step: int = 7) -> SimpleClientManager:
+    """``n`` FakeProxy clients, partition ids 0 .. n - 1, cids ``first_cid + cid_step * pid``."""
+    return client_manager(FakeProxy(str(first_cid + cid_step * i), i) for i in range(n))
+
+
+# ------------------------------------------------------------------------------ replies
+def fit_res(arrays: list[np.ndarray], n: int = 10, pid: int = 0, metrics: dict | None = None) -> FitRes:
+    """An OK FitRes: ``arrays`` on the wire, ``n`` examples, metrics ``{"partition_id": pid}``
+    updated with ``metrics`` (a ``partition_id`` there wins)."""
+    return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), n, {"partition_id": pid} | (metrics or {}))
+
+
+# ------------------------------------------------------------------------------ pFedFDA server
+PFEDFDA_CLASSES, PFEDFDA_FEATURES = 3, 4
+
+
+def pfedfda_wire(backbone_value: float = 0.0, mu=None, cov=None) -> list[np.ndarray]:
+    """pFedFDA's wire layout for a Linear(2, 4) backbone filled with ``backbone_value``, 3 class
+    means (zeros unless ``mu``) and the shared covariance (identity unless ``cov``)."""
+    c, d = PFEDFDA_CLASSES, PFEDFDA_FEATURES
+    backbone = [np.full((d, 2), backbone_value, np.float32), np.full((d,), backbone_value, np.float32)]
+    mu = np.zeros((c, d), np.float32) if mu is None else mu
+    cov = np.eye(d, dtype=np.float32) if cov is None else cov
+    return pfedfda.join_wire(backbone, mu, cov)
+
+
+def pfedfda_strategy(**kwargs) -> PFedFDA:
+    """A PFedFDA strategy over 10 clients (fraction 0.3, seed 0); ``kwargs`` override."""
+    return PFedFDA(**({"num_clients": 10, "fraction_fit": 0.3, "seed": 0, "wait_timeout": 5} | kwargs))
+
+
+def ready_pfedfda_strategy(**kwargs) -> PFedFDA:
+    """``pfedfda_strategy(**kwargs)`` after its first ``configure_fit`` (it knows every client)."""
+    s = pfedfda_strategy(**kwargs)
+    s.configure_fit(1, ndarrays_to_parameters(pfedfda_wire()), manager(10))
+    return s
+
+
+# ------------------------------------------------------------------------------ models
+def tiny_model(seed: int = 0, scale: float = 1.0) -> EncoderHeadModel:
+    """A Linear(5, 4) + tanh body and a 3-output head, every parameter ``scale`` x N(0, 1) from
+    a generator seeded with ``seed`` (no buffers: every tensor is a parameter)."""
+    g = torch.Generator().manual_seed(seed)
+    model = EncoderHeadModel(nn.Sequential(nn.Linear(5, 4), nn.Tanh()), 4, 3)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(scale * torch.randn(p.shape, generator=g))
+    return model
+
+
+def arrays_of(seed: int, scale: float = 1.0) -> list[np.ndarray]:
+    """The arrays of ``tiny_model(seed, scale)``."""
+    return get_arrays(tiny_model(seed, scale))
+
+
+def assert_arrays_close(actual, expected, atol: float = 1e-6) -> None:
+    """Same number of arrays, each close to its counterpart (rtol 1e-5, compared in float64)."""
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected):
+        np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(e, np.float64), rtol=1e-5, atol=atol)
+
+
+# ------------------------------------------------------------------------------ data
+def register_shift_dataset(name: str, sources_relabelled: bool = False) -> str:
+    """Register ``name``: 4 Gaussian classes in 20 dimensions x 4 domains, 500 samples per
+    domain; domain m's class centres are the shared centres (1.2 x N(0, 1)) plus a fixed offset
+    (0.8 x N(0, 1); a covariate shift), with noise of std 2. With ``sources_relabelled`` the
+    sources (domains 0-2) label class c as (c + 1) mod 4; domain 3 keeps the true labels."""
+
+    def build(config) -> DatasetPool:
+        g = torch.Generator().manual_seed(4321)
+        centers = 1.2 * torch.randn(4, 20, generator=g)
+        offsets = 0.8 * torch.randn(4, 20, generator=g)
+        per = 500
+        c = torch.arange(4 * per) % 4
+        d = torch.arange(4 * per) // per
+        x = centers[c] + offsets[d] + 2.0 * torch.randn(4 * per, 20, generator=g)
+        y = torch.where(d < 3, (c + 1) % 4, c) if sources_relabelled else c
+        return DatasetPool(x=x, y=y, domain=d, num_classes=4, num_domains=4)
+
+    register_dataset(name, build, replace=True)
+    return name
+
+
+# ------------------------------------------------------------------------------ modules
+def load_test_module(relative_path: str, name: str) -> ModuleType:
+    """Import the test file ``tests/<relative_path>`` as module ``name`` (for its helpers)."""
+    spec = importlib.util.spec_from_file_location(name, TESTS_DIR / relative_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
