@@ -882,15 +882,27 @@ def _t7_run(algorithm: str, seed: int) -> dict[str, np.ndarray]:
 
 
 def test_t7_tiny_federated_run() -> None:
-    fda = _t7_run("pfedfda", seed=0)
-    fedavg = _t7_run("fedavg", seed=0)
+    """Spec T7 over eight seeds: pFedFDA above FedAvg, shifted (odd) clients with larger beta.
+
+    One seed is too noisy for either claim (12 test samples per client, Dir(0.5) label skew):
+    over seeds 0-39 the accuracy gain pFedFDA - FedAvg was -0.042..+0.283 (negative on seed 4)
+    and the beta gap (shifted - clean mean beta_mu) -0.37..+0.65 (not positive on 10 of 40,
+    seeds 4 and 6 among them). The means over eight seeds are steady: in the five blocks 0-7,
+    8-15, ..., 32-39 the mean gain was 0.096..0.140 and the mean gap 0.083..0.229, with 5..7
+    positive gaps out of 8. Thresholds: mean gain >= 0.05, mean gap >= 0.04, >= 4 positive gaps.
+    """
+    gains, gaps = [], []
+    for seed in range(8):
+        fda = _t7_run("pfedfda", seed=seed)
+        fedavg = _t7_run("fedavg", seed=seed)
+        gains.append(fda["accuracy"].mean() - fedavg["accuracy"].mean())
+        gaps.append(fda["beta"][fda["shifted"]].mean() - fda["beta"][~fda["shifted"]].mean())
+    summary = f"gains {np.round(gains, 3)}, beta gaps {np.round(gaps, 3)}"
+    assert np.mean(gains) >= 0.05, summary
+    assert np.mean(gaps) >= 0.04, summary
+    assert sum(g > 0 for g in gaps) >= 4, summary
     again = _t7_run("pfedfda", seed=0)
-    summary = (
-        f"pFedFDA {fda['accuracy'].mean():.3f} vs FedAvg {fedavg['accuracy'].mean():.3f}; "
-        f"beta shifted {fda['beta'][fda['shifted']].mean():.3f} vs clean {fda['beta'][~fda['shifted']].mean():.3f}"
-    )
-    assert fda["accuracy"].mean() >= fedavg["accuracy"].mean(), summary
-    assert fda["beta"][fda["shifted"]].mean() > fda["beta"][~fda["shifted"]].mean(), summary
+    fda = _t7_run("pfedfda", seed=0)
     assert np.array_equal(fda["accuracy"], again["accuracy"]) and np.array_equal(fda["beta"], again["beta"])
 
 
