@@ -77,6 +77,18 @@ BLOBS = {"partitioner": "domain-mixture", "domain-alpha": 1.0, "samples-per-clie
 
 # ------------------------------------------------------------------------------------ learning
 def test_sa_error_falls_and_ends_below_fedavg(tmp_path):
+    """Config seed 0 only, and NOT seed-robust (open problem, thresholds unchanged).
+
+    Seeds 0-7 (8 clients, 20 training rows each): SA first/last MSE 40.8, 3.7, 5.5e4, 71, 24, 2.6,
+    5.4, 2.4e13; mean of the first five / last five rounds 22, 3.0, 1.1e4, 34, 12, 1.8, 3.9,
+    4.7e12; FedAvg / SA at the end 32.7, 6.1, 1.7, 83, 20, 2.3, 4.1, 0.001. Seeds 1, 2, 5, 6, 7
+    fail a 5x bound. On seed 7 a domain has 2 samples in the whole federation (u_m = 16): its
+    least-squares head jumps, the reweighted representation step diverges (round 1 MSE 9e15),
+    and SA ends at 382 against FedAvg's 0.36. More clients (16: seed 8 ends at 0.14, above
+    FedAvg's 0.20; 24: seed 0 climbs back from 0.006 to 0.058), more samples (100 per client:
+    seeds 1, 2 stick at 0.3 after a round-2 spike) or learning rate 0.1 (seeds 5, 7 diverge) did
+    not make it hold on every seed, so no threshold here is honest across seeds yet.
+    """
     _, sa = run(tmp_path, "sa", algorithm="feddar-sa", **{"num-server-rounds": 20, **SYNTHETIC})
     _, avg = run(tmp_path, "avg", algorithm="fedavg", **{"num-server-rounds": 20, **SYNTHETIC})
     sa_mse = [r["loss_wmean"] for r in phase(sa, "evaluate")]
@@ -93,7 +105,11 @@ def test_multiclass_sa_stays_finite_and_trains(tmp_path, blobs3):
     _, rows = run(tmp_path, "sa", num_clients=4, algorithm="feddar-sa", dataset=blobs3, **{"num-server-rounds": 6, **BLOBS})
     evals = phase(rows, "evaluate")
     assert all(math.isfinite(r["loss_wmean"]) for r in evals)
-    assert evals[-1]["accuracy_wmean"] > 0.8 and evals[-1]["accuracy_wmean"] > evals[0]["accuracy_wmean"]
+    # seeds 0-7: accuracy 0.928..1.000 after round 1 and 1.000 after round 6 (round 1 already at
+    # 1.000 on seeds 1, 3, 4, 5, where the former strict "last > first accuracy" failed); loss
+    # first / last 5.8..27.8, bounded at 2
+    assert evals[-1]["accuracy_wmean"] > 0.8 and evals[-1]["accuracy_wmean"] >= evals[0]["accuracy_wmean"]
+    assert evals[-1]["loss_wmean"] < evals[0]["loss_wmean"] / 2
     for key in ("acc_d0", "acc_d1", "acc_d2", "acc_domain_min", "acc_domain_mean", "accuracy_mean"):
         assert key in evals[-1]  # per domain, min and mean over domains, client average
     heads = phase(rows, "head")
@@ -234,6 +250,7 @@ def test_domains_absent_from_clients_are_skipped_and_an_unseen_domain_keeps_its_
     assert all(r["updated_dom2"] == 0.0 and r["head_drift_dom2"] == 0.0 for r in heads)
     assert all(r["updated_dom0"] == 1.0 for r in heads)
     evals = phase(rows, "evaluate")
+    # seeds 0-7: final accuracy 0.983..1.000
     assert all(math.isfinite(r["loss_wmean"]) for r in evals) and evals[-1]["accuracy_wmean"] > 0.5
 
 
@@ -293,6 +310,7 @@ def test_baselines_train_with_domain_metrics(tmp_path, blobs3, algorithm):
     last = phase(rows, "evaluate")[-1]
     assert "acc_domain_min" in last and "acc_domain_mean" in last and math.isfinite(last["loss_wmean"])
     if algorithm != "fedavg-rw":  # one shared head cannot fit the permuted domains; the others can
+        # seeds 0-7: separate-fedavg 0.600..1.000, fedavg-mh 0.853..1.000, feddar-wa 1.000
         assert last["acc_domain_min"] > 0.3
 
 
@@ -340,4 +358,5 @@ def test_binary_task_reports_client_and_domain_auc(tmp_path):
     _, rows = run(tmp_path, "auc", num_clients=3, algorithm="feddar-sa", dataset="feddar-test-binary",
                   **{"num-server-rounds": 3, **BLOBS})
     last = phase(rows, "evaluate")[-1]
+    # seeds 0-7: auc_mean 0.999..1.000
     assert last["auc_mean"] > 0.8 and "auc_dom0_mean" in last and "acc_domain_min" in last
