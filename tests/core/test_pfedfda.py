@@ -76,17 +76,20 @@ def test_t1_identity_cov_uniform_prior_is_nearest_mean() -> None:
     assert np.array_equal(predicted, nearest)
 
 
-@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("seed", range(8))
 def test_t1_shrinkage_changes_posterior_little(seed: int) -> None:
     """eps = 1e-4 shrinkage vs the exact posterior, on features drawn from the model itself.
 
     The effect scales with eps tr(Sigma)/d / lambda_min(Sigma): with A ~ N(0, 1/d) entries
-    (condition number 5-8) the largest posterior change is below the spec's 1e-3 (measured
-    1.5e-4 to 3.0e-4); with A ~ N(0, 1) (condition number 30-55) it reaches 1.9e-3 at worst,
-    so there the mean change is held to 1e-4 and the largest to 3e-3.
+    (condition number 5-8) the largest posterior change is below the spec's 1e-3; with
+    A ~ N(0, 1) (condition number 30-55) it reaches 1.9e-3 at worst, so there the largest is
+    held to 3e-3. Measured over seeds 0-39 (0-7 in brackets): largest change 1.2e-4..3.0e-4
+    [1.3e-4..3.0e-4] and 6.6e-4..1.86e-3 [8.6e-4..1.86e-3]; mean change up to 9.9e-6 [7.0e-6] and
+    1.04e-4 [8.7e-5]. The mean bounds were 1e-5 and 1e-4: 1.15x above seeds 0-7, and seed 22
+    exceeds the second (1.04e-4); they are 2e-5 and 2e-4, about 2x above the 40-seed maximum.
     """
     d, c = 8, 5
-    for scale, max_tol, mean_tol in [(d**-0.5, 1e-3, 1e-5), (1.0, 3e-3, 1e-4)]:
+    for scale, max_tol, mean_tol in [(d**-0.5, 1e-3, 2e-5), (1.0, 3e-3, 2e-4)]:
         rng = np.random.default_rng(seed)
         means, a = rng.standard_normal((c, d)), rng.standard_normal((d, d)) * scale
         cov, priors = a @ a.T + 0.5 * np.eye(d), rng.dirichlet(np.ones(c))
@@ -564,6 +567,7 @@ def test_t4_bias_variance_formula_monte_carlo() -> None:
             monte_carlo = float(((mixed - problem.means[i]) ** 2).sum(1).mean())
             exact = P.interpolated_mean_error(beta, i, problem.means, problem.cov_traces, counts)
             worst = max(worst, abs(monte_carlo - exact) / exact)
+    # problem and sampling seeds 0-7 (seed=s for both): worst relative error 0.0036..0.0107
     assert worst < 0.03, f"largest relative error {worst:.4f}"
 
 
