@@ -35,6 +35,7 @@ def test_ray_simulation_engine(tmp_path, data_dir):
     rows = json.loads((tmp_path / "run" / "metrics.json").read_text())
     evaluations = [r for r in rows if r["phase"] == "evaluate"]
     assert [r["round"] for r in evaluations] == [1, 2]
+    # this config with "seed" 0-7 on the in-process engine: 0.633..0.694
     assert evaluations[-1]["num_clients"] == 3.0 and evaluations[-1]["accuracy_wmean"] > 0.3
 
 

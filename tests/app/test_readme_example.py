@@ -29,6 +29,10 @@ def test_readme_example_runs_and_personalizes(monkeypatch):
     evaluations = [m for _, phase, m in seen if phase == "evaluate"]
     assert len(evaluations) == 5
     # Each client labels inputs its own way (chance 0.25); personal heads learn each labelling.
-    # Measured: worst client 0.32 -> 0.58 and weighted mean 0.36 -> 0.62 over the five rounds.
-    assert evaluations[-1]["accuracy_min"] > 0.45
-    assert evaluations[-1]["accuracy_wmean"] > evaluations[0]["accuracy_wmean"] + 0.15
+    # Measured as written (seed 0): worst client 0.32 -> 0.58, weighted mean 0.36 -> 0.62 over the
+    # five rounds. With the example's seeds moved (torch.manual_seed(s), client data seeds
+    # partition_id + 1000 s, s = 0-7): final worst client 0.48..0.58, weighted-mean gain
+    # 0.16..0.27. The bounds were 0.45 and 0.15 (read from seed 0; margins 0.03 and 0.01 over
+    # the 8 seeds) and are 0.40 and 0.10.
+    assert evaluations[-1]["accuracy_min"] > 0.40
+    assert evaluations[-1]["accuracy_wmean"] > evaluations[0]["accuracy_wmean"] + 0.10

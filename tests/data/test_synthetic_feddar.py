@@ -23,7 +23,8 @@ def test_shapes_ground_truth_and_noise_free_test_set():
     clean = (data.test.x * coef.T[data.test.z]).sum(-1)
     torch.testing.assert_close(data.test.y, clean, atol=1e-12, rtol=0)
     noise = data.train.y - (data.train.x * coef.T[data.train.z]).sum(-1)
-    assert 0.5e-3 < noise.std().item() < 1.5e-3  # sigma = 1e-3 as a standard deviation
+    # sigma = 1e-3 as a standard deviation; 42 draws, seeds 0-7: 0.78e-3..1.11e-3
+    assert 0.5e-3 < noise.std().item() < 1.5e-3
 
 
 def test_seeded_and_domain_frequencies_follow_mixtures():

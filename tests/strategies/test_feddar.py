@@ -243,6 +243,7 @@ def test_domains_absent_from_clients_are_skipped_and_an_unseen_domain_keeps_its_
     assert all(r["updated_dom2"] == 0.0 and r["head_drift_dom2"] == 0.0 for r in heads)
     assert all(r["updated_dom0"] == 1.0 for r in heads)
     evals = phase(rows, "evaluate")
+    # seeds 0-7: final accuracy 0.983..1.000
     assert all(math.isfinite(r["loss_wmean"]) for r in evals) and evals[-1]["accuracy_wmean"] > 0.5
 
 
@@ -302,6 +303,7 @@ def test_baselines_train_with_domain_metrics(tmp_path, blobs3, algorithm):
     last = phase(rows, "evaluate")[-1]
     assert "acc_domain_min" in last and "acc_domain_mean" in last and math.isfinite(last["loss_wmean"])
     if algorithm != "fedavg-rw":  # one shared head cannot fit the permuted domains; the others can
+        # seeds 0-7: separate-fedavg 0.600..1.000, fedavg-mh 0.853..1.000, feddar-wa 1.000
         assert last["acc_domain_min"] > 0.3
 
 
@@ -349,4 +351,5 @@ def test_binary_task_reports_client_and_domain_auc(tmp_path):
     _, rows = run(tmp_path, "auc", num_clients=3, algorithm="feddar-sa", dataset="feddar-test-binary",
                   **{"num-server-rounds": 3, **BLOBS})
     last = phase(rows, "evaluate")[-1]
+    # seeds 0-7: auc_mean 0.999..1.000
     assert last["auc_mean"] > 0.8 and "auc_dom0_mean" in last and "acc_domain_min" in last

@@ -52,6 +52,7 @@ def test_bernoulli_sampling_with_all_clients_in_the_last_round():
     params = ndarrays_to_parameters(wire())
     sizes = [len(s.configure_fit(r, params, cm)) for r in range(1, 30)]
     assert len(set(sizes)) > 1 and 1 <= min(sizes) and max(sizes) < 10  # Bernoulli: sizes vary
+    # strategy seeds 0-7: mean size 2.45..3.28, sizes 1..7, 5..7 distinct sizes
     assert abs(np.mean(sizes) - 3.0) < 1.0  # q * M on average
     last = s.configure_fit(30, params, cm)
     assert sorted(s.partition_of[p.cid] for p, _ in last) == list(range(10))

@@ -82,6 +82,7 @@ def test_train_lowers_loss_on_separable_problem():
     before = evaluate(model, split, device=CPU, num_domains=2)
     stats = train(model, split.loader(16, shuffle=True, seed=0), optimizer=SGD, device=CPU, epochs=10)
     after = evaluate(model, split, device=CPU, num_domains=2)
+    # data, model and loader seeds 0-7: loss after / before 0.056..0.108, accuracy 1.0
     assert after.loss < 0.5 * before.loss
     assert after.accuracy == 1.0
     assert stats.steps == 10 * 4
@@ -96,7 +97,7 @@ def test_train_accepts_plain_pairs_loader():
     loader = DataLoader(TensorDataset(split.x, split.y), batch_size=16)
     before = evaluate(model, loader, device=CPU).loss
     train(model, loader, optimizer=SGD, device=CPU, epochs=5)
-    assert evaluate(model, loader, device=CPU).loss < before
+    assert evaluate(model, loader, device=CPU).loss < before  # seeds 0-7: after / before 0.074..0.114
 
 
 def test_train_stats_loss_is_mean_step_loss_before_update():
@@ -349,6 +350,7 @@ def test_train_regression_lowers_mse():
     model = _model(in_dim=5, num_heads=1, num_outputs=2)
     before = evaluate(model, split, device=CPU, task="regression").loss
     train(model, split.loader(16, shuffle=False), optimizer=SGD, device=CPU, epochs=20, task="regression")
+    # seeds 0-7 (data and model): MSE after / before 0.011..0.025
     assert evaluate(model, split, device=CPU, task="regression").loss < 0.5 * before
 
 
