@@ -123,7 +123,7 @@ def paired_differences(
 
 def paired_markdown(paired: dict[str, dict[str, Any]], key: str, reference: str) -> str:
     lines = [
-        f"Paired over seeds: last-round `{key}` minus {reference}'s, per seed (mean ± std, min..max).",
+        f"Paired over seeds: last-round `{key}` minus {reference}'s, seed by seed (mean ± sample std, min..max).",
         "A method is ahead or behind only when every seed agrees in sign and the mean exceeds the std.",
         "",
         f"| algorithm | difference vs {reference} | min..max | verdict |",
