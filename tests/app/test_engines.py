@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from flwr_pfl.app.registry import ALGORITHMS
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -81,15 +83,23 @@ def partial(data_dir: Path, out: Path, name: str, algorithm: str) -> dict:
     })
 
 
-#: what each family needs on top of :func:`partial` (domains, tasks, a target)
-FAMILY = {
-    "fmtl": {"partitioner": "pathological", "classes-per-client": 2, "fmtl.t1-rounds": 2},
-    "feddar-sa": {"domain-transform": "rotation", "num-domains": 3, "partitioner": "domain-mixture",
-                  "domain-alpha": 1.0, "samples-per-client": 100, "feddar.head-epochs": 1},
-    "fedgp": {"domain-transform": "rotation", "num-domains": 3, "partitioner": "one-domain-per-client",
-              "num-clients": 3, "fraction-fit": 1.0, "fedgp.warmup-rounds": 1, "fedgp.auto-weight": True,
-              "fedgp.target-train-samples": 16, "fedgp.target-batch-size": 4},
-}
+DOMAIN_ALGORITHMS = ("feddar", "feddar-sa", "feddar-wa", "separate-fedavg", "fedavg-rw", "fedavg-mh")
+TARGET_ALGORITHMS = ("fedgp", "fedda", "target-only", "source-only")
+
+
+def family(algorithm: str) -> dict:
+    """What an algorithm's family needs on top of :func:`partial` (domains, tasks, a target)."""
+    if algorithm == "fmtl":
+        return {"partitioner": "pathological", "classes-per-client": 2, "fmtl.t1-rounds": 2}
+    if algorithm in DOMAIN_ALGORITHMS:
+        return {"domain-transform": "rotation", "num-domains": 3, "partitioner": "domain-mixture",
+                "domain-alpha": 1.0, "samples-per-client": 100, "feddar.head-epochs": 1}
+    if algorithm in TARGET_ALGORITHMS:  # full participation (the paper's protocol); evaluation sampled
+        extra = {f"{algorithm}.warmup-rounds": 1, f"{algorithm}.auto-weight": True} if algorithm in ("fedgp", "fedda") else {}
+        return {"domain-transform": "rotation", "num-domains": 3, "partitioner": "one-domain-per-client",
+                "num-clients": 3, "fraction-fit": 1.0, f"{algorithm}.target-train-samples": 16,
+                f"{algorithm}.target-batch-size": 4, **extra}
+    return {}
 
 
 @pytest.mark.slow
@@ -107,7 +117,7 @@ def test_ray_reruns_are_identical_and_equal_to_the_inprocess_engine(tmp_path, da
     from flwr_pfl.app.simulation import run_ray_simulation
 
     def config(name: str) -> dict:
-        return partial(data_dir, tmp_path, name, algorithm) | FAMILY.get(algorithm, {})
+        return partial(data_dir, tmp_path, name, algorithm) | family(algorithm)
 
     clients = config("x")["num-clients"]
     for name in ("ray-a", "ray-b"):
@@ -137,3 +147,22 @@ def test_flwr_run_reruns_are_identical(tmp_path, data_dir):
     run_inprocess(server_app, client_app, 6, fused)
     a, b, c = ((tmp_path / name / "metrics.json").read_bytes() for name in ("a", "b", "inprocess"))
     assert a == b == c
+
+
+TWICE_ON_RAY = ("fedavg", "pfedfda", "fedora", "fmtl", "feddar-sa", "fedgp")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", sorted(set(ALGORITHMS) - set(TWICE_ON_RAY)))
+def test_every_other_algorithm_gives_the_inprocess_numbers_on_ray(tmp_path, data_dir, algorithm):
+    """The algorithms not run twice above: once on Ray, byte-identical to the in-process engine
+    (whose reruns tests/app/test_reruns.py checks for every algorithm)."""
+    from flwr_pfl.app.client_app import app as client_app
+    from flwr_pfl.app.inprocess import run_inprocess
+    from flwr_pfl.app.server_app import app as server_app
+    from flwr_pfl.app.simulation import run_ray_simulation
+
+    ray_config = partial(data_dir, tmp_path, "ray", algorithm) | family(algorithm)
+    run_ray_simulation(ray_config, num_clients=ray_config["num-clients"], total_cpus=2)
+    run_inprocess(server_app, client_app, ray_config["num-clients"], ray_config | {"run-name": "inprocess"})
+    assert (tmp_path / "ray" / "metrics.json").read_bytes() == (tmp_path / "inprocess" / "metrics.json").read_bytes()
