@@ -5,8 +5,9 @@ configuration), ``metrics.json`` and ``metrics.csv`` (one row per round and phas
 aggregated metric), ``timings.json`` and ``timings.csv`` (the same rows' wall-clock figures:
 every metric with ``seconds`` in its name), ``clients.json`` and ``clients.csv`` (each client's
 latest evaluation) and ``checkpoint.npz`` (the server's state, to resume). Timings are kept
-apart so that ``metrics.json`` is bit-identical across reruns of the same config and seed. At the end: ``learning_curves.png`` (and
-``domains.png`` where samples carry domains) and a one-screen summary on stdout.
+apart so that ``metrics.json`` is bit-identical across reruns of the same config and seed.
+At the end: ``learning_curves.png`` (and ``domains.png`` where samples carry domains) and a
+one-screen summary on stdout.
 """
 
 from __future__ import annotations

@@ -163,7 +163,8 @@ class FEDORA(PFLStrategy):
         self._current_round = 0
 
     # ---------------------------------------------------------------- setup exchange
-    def _all_clients(self, client_manager: ClientManager) -> list[ClientProxy]:
+    def _connected_clients(self, client_manager: ClientManager) -> list[ClientProxy]:
+        """Every connected client in node order (setup learns their partitions from the replies)."""
         self.wait_for_clients(client_manager)
         return [proxy for _, proxy in sorted(client_manager.all().items())]
 
@@ -174,7 +175,7 @@ class FEDORA(PFLStrategy):
         k_total = self.num_clients
         ins = FitIns(Parameters(tensors=[], tensor_type="numpy.ndarray"), subspace_config(self.config.subspace))
         uploads: dict[int, np.ndarray] = {}
-        clients = self._all_clients(client_manager)
+        clients = self._connected_clients(client_manager)
 
         def ask(proxy: ClientProxy) -> Any:
             try:
