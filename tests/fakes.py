@@ -93,8 +93,9 @@ def pfedfda_wire(backbone_value: float = 0.0, mu=None, cov=None) -> list[np.ndar
 
 
 def pfedfda_strategy(**kwargs) -> PFedFDA:
-    """A PFedFDA strategy over 10 clients (fraction 0.3, seed 0); ``kwargs`` override."""
-    return PFedFDA(**({"num_clients": 10, "fraction_fit": 0.3, "seed": 0, "wait_timeout": 5} | kwargs))
+    """A PFedFDA strategy over 10 clients (fraction 0.3, seed 0, a 1000-round run: no test
+    reaches its full last round unless it sets ``num_rounds``); ``kwargs`` override."""
+    return PFedFDA(**({"num_clients": 10, "fraction_fit": 0.3, "seed": 0, "wait_timeout": 5, "num_rounds": 1000} | kwargs))
 
 
 def ready_pfedfda_strategy(**kwargs) -> PFedFDA:
