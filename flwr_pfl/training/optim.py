@@ -109,7 +109,7 @@ def _check_options(kind: str, cls: type, options: Options, allowed: list[str], o
     for key, _ in options:
         if key in own:
             where = f": set it with {own[key]}" if own[key] else ""
-            raise ConfigError(f"{cls.__name__}'s {key!r} is not a {kind} option{where}")
+            raise ConfigError(f"{cls.__name__}'s {key!r} cannot be set in the {kind} options{where}")
         if key not in allowed:
             close = difflib.get_close_matches(key, allowed, n=3)
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
