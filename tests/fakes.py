@@ -13,7 +13,16 @@ from types import ModuleType
 
 import numpy as np
 import torch
-from flwr.common import Code, FitRes, GetPropertiesRes, Status, ndarrays_to_parameters
+from flwr.common import (
+    Code,
+    EvaluateRes,
+    FitRes,
+    GetParametersRes,
+    GetPropertiesRes,
+    Status,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from torch import nn
@@ -58,6 +67,31 @@ class FakeProxy(ClientProxy):
         raise NotImplementedError
 
 
+class NumPyProxy(FakeProxy):
+    """A proxy around a real NumPyClient, as Flower's engines are: ``fit`` / ``evaluate`` /
+    ``get_parameters`` call the client with the instruction's arrays and config; every config
+    received is recorded in ``fit_configs`` / ``evaluate_configs``."""
+
+    def __init__(self, cid: str, pid: int, client) -> None:
+        super().__init__(cid, pid)
+        self.client = client
+        self.fit_configs: list[dict] = []
+        self.evaluate_configs: list[dict] = []
+
+    def get_parameters(self, ins, timeout, group_id):
+        return GetParametersRes(Status(Code.OK, ""), ndarrays_to_parameters(self.client.get_parameters(dict(ins.config))))
+
+    def fit(self, ins, timeout, group_id):
+        self.fit_configs.append(dict(ins.config))
+        arrays, n, metrics = self.client.fit(parameters_to_ndarrays(ins.parameters), dict(ins.config))
+        return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), n, metrics)
+
+    def evaluate(self, ins, timeout, group_id):
+        self.evaluate_configs.append(dict(ins.config))
+        loss, n, metrics = self.client.evaluate(parameters_to_ndarrays(ins.parameters), dict(ins.config))
+        return EvaluateRes(Status(Code.OK, ""), loss, n, metrics)
+
+
 def client_manager(proxies: Iterable[ClientProxy]) -> SimpleClientManager:
     """A ``SimpleClientManager`` with every proxy of ``proxies`` registered."""
     cm = SimpleClientManager()
@@ -93,8 +127,9 @@ def pfedfda_wire(backbone_value: float = 0.0, mu=None, cov=None) -> list[np.ndar
 
 
 def pfedfda_strategy(**kwargs) -> PFedFDA:
-    """A PFedFDA strategy over 10 clients (fraction 0.3, seed 0); ``kwargs`` override."""
-    return PFedFDA(**({"num_clients": 10, "fraction_fit": 0.3, "seed": 0, "wait_timeout": 5} | kwargs))
+    """A PFedFDA strategy over 10 clients (fraction 0.3, seed 0, a 1000-round run: no test
+    reaches its full last round unless it sets ``num_rounds``); ``kwargs`` override."""
+    return PFedFDA(**({"num_clients": 10, "fraction_fit": 0.3, "seed": 0, "wait_timeout": 5, "num_rounds": 1000} | kwargs))
 
 
 def ready_pfedfda_strategy(**kwargs) -> PFedFDA:

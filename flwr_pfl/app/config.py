@@ -16,7 +16,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from flwr_pfl.app.keys import flat_dict, keys_of, parse_section, with_suggestions
+from flwr_pfl.app.keys import flat_dict, keys_of, parse_options, parse_section, with_suggestions
 from flwr_pfl.app.registry import ALGORITHMS, get_algorithm
 from flwr_pfl.clients.base import TrainConfig
 from flwr_pfl.data.config import DataConfig
@@ -36,6 +36,13 @@ class RunConfig:
             federation's ``num-supernodes``.
         fraction_fit / fraction_evaluate: fraction of clients sampled per round.
         local_epochs, batch_size, optimizer, learning_rate, momentum, weight_decay: local training.
+            ``optimizer`` is any ``torch.optim`` optimizer name, any case (sgd, adam, adamw,
+            rmsprop, ...); momentum reaches the optimizers that take one (sgd, rmsprop).
+        optimizer_options: further keyword arguments of the optimizer, written as in Python
+            (``"betas=(0.9, 0.99), eps=1e-8"``; :func:`~flwr_pfl.app.keys.parse_options`).
+        lr_scheduler: a ``torch.optim.lr_scheduler`` name, any case (steplr, onecyclelr, ...;
+            empty: none), stepped after every optimizer step and restarted every round
+            (:mod:`flwr_pfl.training.optim`); lr_scheduler_options: its keyword arguments.
         model: an encoder + heads model name; feature_dim its representation width (0 = default).
         seed: seeds sampling, initialisation, partitions and shuffling.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:<i>``.
@@ -59,6 +66,9 @@ class RunConfig:
     learning_rate: float = 0.05
     momentum: float = 0.5
     weight_decay: float = 0.0
+    optimizer_options: str = ""
+    lr_scheduler: str = ""
+    lr_scheduler_options: str = ""
     model: str = "cnn28"
     feature_dim: int = 0
     seed: int = 0
@@ -94,10 +104,18 @@ class RunConfig:
             raise ConfigError(f"wait-timeout={self.wait_timeout} must be > 0 seconds")
         if not self.output_dir:
             raise ConfigError("output-dir must not be empty")
-        self.optimizer_config()  # validates optimizer, learning-rate, momentum, weight-decay
+        self.optimizer_config()  # validates the optimizer and scheduler keys
 
     def optimizer_config(self) -> OptimizerConfig:
-        return OptimizerConfig(self.optimizer, self.learning_rate, self.momentum, self.weight_decay)
+        return OptimizerConfig(
+            self.optimizer,
+            self.learning_rate,
+            self.momentum,
+            self.weight_decay,
+            options=parse_options("optimizer-options", self.optimizer_options),
+            scheduler=self.lr_scheduler,
+            scheduler_options=parse_options("lr-scheduler-options", self.lr_scheduler_options),
+        )
 
 
 @dataclass(frozen=True)

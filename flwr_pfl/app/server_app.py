@@ -30,9 +30,9 @@ def build_strategy(experiment: Experiment, writer: ResultsWriter | None = None) 
         on_round=writer.on_round if writer is not None else None,
         wait_timeout=run.wait_timeout,
         seed=run.seed,
+        num_rounds=run.num_server_rounds,
         **spec.strategy_kwargs(experiment.options),
     )
-    strategy.num_rounds = run.num_server_rounds
     return strategy
 
 

@@ -10,8 +10,9 @@ rounds: the simulation engine builds a new client object for every message.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 import numpy as np
@@ -20,6 +21,7 @@ from flwr.client import NumPyClient
 from torch.utils.data import DataLoader
 
 from flwr_pfl.data.types import ClientData, Task, no_training_samples
+from flwr_pfl.errors import ConfigError
 from flwr_pfl.models.base import EncoderHeadModel
 from flwr_pfl.training import (
     EvalResult,
@@ -40,9 +42,14 @@ NDArrays = list[np.ndarray]
 Config = dict[str, bool | bytes | float | int | str]
 Reply = TypeVar("Reply")
 
+#: fit / evaluate config key of the round's learning rate (a strategy's ``on_fit_config_fn`` or
+#: ``on_evaluate_config_fn`` sends it; the same name as the run-config key)
+LEARNING_RATE_KEY = "learning-rate"
+
 
 def seeded_message(handler: Callable[..., Reply]) -> Callable[..., Reply]:
-    """Run a client's ``fit`` or ``evaluate`` inside :func:`~flwr_pfl.training.seeded`.
+    """Run a client's ``fit`` or ``evaluate`` inside :func:`~flwr_pfl.training.seeded`, with the
+    message's training settings (:meth:`PFLClient.message_settings`).
 
     Everything random that a message does (DataLoader shuffling, dropout, transforms) draws
     from torch's generator seeded by :meth:`PFLClient.round_seed`, and the generator's state
@@ -53,7 +60,7 @@ def seeded_message(handler: Callable[..., Reply]) -> Callable[..., Reply]:
 
     @functools.wraps(handler)
     def run(self: PFLClient, parameters: NDArrays, config: Config) -> Reply:
-        with seeded(self.round_seed(config), self.device):
+        with self.message_settings(config), seeded(self.round_seed(config), self.device):
             return handler(self, parameters, config)
 
     run.seeded_message = True  # type: ignore[attr-defined]
@@ -77,6 +84,24 @@ class TrainConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     device: str = "auto"
     seed: int = 0
+
+
+def round_train_config(train_config: TrainConfig, config: Config, who: str = "") -> TrainConfig:
+    """``train_config`` with the learning rate of ``config[LEARNING_RATE_KEY]``, if present.
+
+    Raises:
+        ConfigError: the value is not a number > 0 (it names the client and the value).
+    """
+    if LEARNING_RATE_KEY not in config:
+        return train_config
+    value = config[LEARNING_RATE_KEY]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        owner = f"{who}: " if who else ""
+        raise ConfigError(
+            f"{owner}the strategy sent {LEARNING_RATE_KEY}={value!r} in its config (on_fit_config_fn / "
+            "on_evaluate_config_fn); it must be a number > 0"
+        )
+    return replace(train_config, optimizer=replace(train_config.optimizer, learning_rate=float(value)))
 
 
 @dataclass(frozen=True)
@@ -182,6 +207,20 @@ class PFLClient(NumPyClient):
             save_arrays(self.context.state, self.PERSONAL_KEY, get_arrays(self.model, self.personal_group))
 
     # ---------------------------------------------------------------- hooks
+    @contextmanager
+    def message_settings(self, config: Config) -> Iterator[TrainConfig]:
+        """``train_config`` for the duration of one message: the client's own settings with the
+        learning rate replaced by the config's ``learning-rate`` when the strategy sends one
+        (a per-round schedule from ``on_fit_config_fn``). Everything that trains in the message
+        reads ``train_config`` (phases scale it further, e.g. FedDAR's ``lr-scale``); the
+        client's own settings are restored afterwards."""
+        own = self.train_config
+        self.train_config = round_train_config(own, config, self.who)
+        try:
+            yield self.train_config
+        finally:
+            self.train_config = own
+
     def round_seed(self, config: Config) -> int:
         return client_seed(self.train_config.seed, self.partition_id, int(config.get("server-round", 0)))
 

@@ -143,7 +143,7 @@ class DomainCountingStrategy(PFLStrategy):
         return self.fit_instructions(server_round, parameters, clients)
 
     def _config(self, server_round: int, phase: str, **extra: Scalar) -> dict[str, Scalar]:
-        return {**self.extra_fit_config, "server-round": self.round_offset + server_round, PHASE_KEY: phase, **extra}
+        return self.fit_config(server_round, {PHASE_KEY: phase, **extra})
 
     def _notify_u(self, metrics: dict[str, Any]) -> dict[str, Any]:
         """Add u_m and L_m (keys ``u_dom<m>``, ``count_dom<m>``) to a metrics row."""
@@ -241,7 +241,11 @@ class FedDAR(DomainCountingStrategy):
             mode and train the heads on them (exact without data augmentation).
         max_hessian_params: clients refuse SA heads with more parameters (spec 8.5).
         reweight: u_m re-weighting of the representation loss (Eq. 6).
-        **kwargs: :class:`PFLStrategy` arguments.
+        **kwargs: :class:`PFLStrategy` arguments. ``on_fit_config_fn``'s keys reach both
+            phases of a round (a ``learning-rate`` is then scaled by ``lr-scale``);
+            ``fit_metrics_aggregation_fn`` sees the representation phase's replies; with
+            ``accept_failures=False`` a failure in either phase leaves the whole round
+            unaggregated (heads included).
     """
 
     name = "feddar"
@@ -279,6 +283,7 @@ class FedDAR(DomainCountingStrategy):
         self.max_hessian_params = max_hessian_params
         #: cids of the clients whose head reply was accepted in the current round
         self.round_clients: dict[int, list[str]] = {}
+        self._round_start: NDArrays = []  # the global arrays when the current round began
 
     def __repr__(self) -> str:
         return f"FedDAR(aggregation={self.aggregation.value}, num_clients={self.num_clients})"
@@ -331,6 +336,7 @@ class FedDAR(DomainCountingStrategy):
 
     # ---------------------------------------------------------------- round
     def fit_instructions(self, server_round: int, parameters: Parameters, clients: list[ClientProxy]) -> list[tuple[ClientProxy, FitIns]]:
+        self._round_start = list(self.global_arrays or [])  # restored if the round is not aggregated
         lr = self.lr_scale(server_round)
         u = self.domain_weights()
         with_u = ndarrays_to_parameters(list(self.global_arrays or []) + [u])
@@ -372,7 +378,11 @@ class FedDAR(DomainCountingStrategy):
             log(WARNING, "round %d: a client failed in the head phase: %r", server_round,
                 failure if isinstance(failure, BaseException) else failure[1].status)
         metrics: dict[str, Any] = {"num_failures": float(len(failures) + rejected), "num_rejected": float(rejected)}
-        if replies:
+        if self.refuses_failures(len(failures) + rejected):
+            log(WARNING, "round %d: %d head-phase failure(s) and accept_failures=False: the round is not "
+                "aggregated (no representation phase)", server_round, len(failures) + rejected)
+            replies = []
+        elif replies:
             metrics |= self.aggregate_heads(server_round, replies)
             metrics |= aggregate_client_metrics([(r.num_examples, r.metrics) for r in replies], keys=["head_loss"])
         else:
@@ -466,6 +476,9 @@ class FedDAR(DomainCountingStrategy):
 
     def aggregate_fit(self, server_round, results, failures):
         parameters, metrics = super().aggregate_fit(server_round, results, failures)
+        if parameters is None and self.refuses_failures(len(failures)):
+            self.global_arrays = self._round_start  # undo the head phase: the round is not aggregated
+            return None, metrics
         if parameters is None and self.global_arrays is not None:
             # the head phase may have changed the heads even when no encoder came back
             parameters = ndarrays_to_parameters(self.global_arrays)

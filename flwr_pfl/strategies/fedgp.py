@@ -120,7 +120,10 @@ class FDAStrategy(PFLStrategy):
         evaluate_sources: also evaluate on the sources' test splits (source-domain accuracy).
         shuffle_sources: under the ``target`` placement, send the sources' models to the target
             in an order shuffled every round (App. C.1), so it cannot tell which source is which.
-        **kwargs: :class:`~flwr_pfl.strategies.base.PFLStrategy`'s arguments.
+        **kwargs: :class:`~flwr_pfl.strategies.base.PFLStrategy`'s arguments, Flower's FedAvg
+            arguments included (``fraction_fit`` < 1 and ``min_available_clients`` < ``num_clients``
+            are refused; with ``accept_failures=False`` under the ``target`` placement, a failure
+            in the sources' round skips the whole FDA round).
     """
 
     name = "fda"
@@ -139,7 +142,7 @@ class FDAStrategy(PFLStrategy):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        _require_full_participation(self.name, self.fraction_fit)
+        _require_full_participation(self.name, self.fraction_fit, self.min_available_clients, self.num_clients)
         self.config = config or FDAConfig()
         if step_upload not in STEP_UPLOADS:
             raise ConfigError(f"step_upload={step_upload!r} is unknown; allowed: {', '.join(STEP_UPLOADS)}")
@@ -164,6 +167,7 @@ class FDAStrategy(PFLStrategy):
         # target placement: the sources' replies of the current FDA round, in the order sent
         # to the target, kept between its two server rounds
         self._pending: list[ClientReply] = []
+        self._sources_refused = False  # target placement: the sources' round was not aggregated
 
     # ---------------------------------------------------------------- schedule
     def plan(self, server_round: int):
@@ -181,6 +185,11 @@ class FDAStrategy(PFLStrategy):
         if self.plan(server_round).stage is not Stage.TARGET:
             return super().configure_fit(server_round, parameters, client_manager)
         # target placement, second half: the target alone, with the sources' models
+        if self._sources_refused:
+            log(WARNING, "round %d: the sources' round was not aggregated (accept_failures=False); this FDA "
+                "round is skipped", server_round)
+            self._sources_refused, self._pending = False, []
+            return []
         proxy = client_manager.all().get(self.target_cid) if self.target_cid is not None else None
         if proxy is None:
             log(WARNING, "round %d: the target client is unknown or gone; this FDA round is skipped", server_round)
@@ -210,12 +219,9 @@ class FDAStrategy(PFLStrategy):
         }
         if plan.stage is Stage.TARGET:
             parameters, extra = self._target_payload(server_round, extra)
-        out = super().fit_instructions(server_round, parameters, clients)
-        for _, ins in out:
-            ins.parameters = parameters
-            ins.config.update(extra)
+        config = self.fit_config(server_round, extra)
         self._current = extra
-        return out
+        return [(proxy, FitIns(parameters, dict(config))) for proxy in clients]
 
     def _target_payload(self, server_round: int, extra: dict[str, Scalar]) -> tuple[Parameters, dict[str, Scalar]]:
         """The target's instructions under the target placement: the global arrays, then the
@@ -239,7 +245,7 @@ class FDAStrategy(PFLStrategy):
             if not pairs:  # the target was not sampled: ask it directly
                 proxy = client_manager.all().get(self.target_cid)
                 if proxy is not None:
-                    pairs = [(proxy, EvaluateIns(parameters, {"server-round": self.round_offset + server_round}))]
+                    pairs = [(proxy, EvaluateIns(parameters, self.evaluate_config(server_round)))]
         return pairs
 
     # ---------------------------------------------------------------- replies
@@ -306,7 +312,10 @@ class FDAStrategy(PFLStrategy):
     # ---------------------------------------------------------------- aggregation
     def aggregate_fit(self, server_round: int, results: list, failures: list) -> tuple[Parameters | None, dict[str, Scalar]]:
         self._failures = failures  # the base appends rejected replies to this list
-        return super().aggregate_fit(server_round, results, failures)
+        parameters, metrics = super().aggregate_fit(server_round, results, failures)
+        if self.plan(server_round).stage is Stage.SOURCES:
+            self._sources_refused = self.refuses_failures(len(failures))
+        return parameters, metrics
 
     def aggregate_replies(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
         glob = self.global_arrays
@@ -480,20 +489,27 @@ class FDAStrategy(PFLStrategy):
         self.target_history = list(state.get("target_history", self.target_history))
 
 
-def _require_full_participation(name: str, fraction_fit: float) -> None:
-    """Refuse ``fraction_fit`` < 1 before any training.
+def _require_full_participation(name: str, fraction_fit: float, min_available: int, num_clients: int) -> None:
+    """Refuse ``fraction_fit`` < 1, or starting rounds before every client is connected
+    (``min_available_clients`` < ``num_clients``), before any training.
 
     The paper's protocol is cross-silo with full participation: every FDA round is built on the
     target's update (and Target Only trains nothing else), so a round that leaves the target out
     cannot aggregate. The strategy learns which client is the target only from its replies, so
-    it cannot guarantee the target a place in a partial sample; sub-sampling the sources only
-    (the official code's unused ``part_rate``) is not offered.
+    it cannot guarantee the target a place in a partial sample (nor in a round that starts
+    before it connects); sub-sampling the sources only (the official code's unused
+    ``part_rate``) is not offered.
     """
     if fraction_fit < 1.0:
         raise ConfigError(
             f"fraction-fit={fraction_fit} is not allowed for {name}: every round needs the target "
             "client, and the FedGP/FedDA family (FedGP, FedDA, Target Only, Source Only) samples "
             "every client every round; allowed: fraction-fit=1.0"
+        )
+    if min_available < num_clients:
+        raise ConfigError(
+            f"min_available_clients={min_available} < num_clients={num_clients} is not allowed for {name}: every "
+            "round needs every client, the target included, so rounds wait for all of them"
         )
 
 

@@ -72,7 +72,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
 from flwr_pfl.core import fedora as core
-from flwr_pfl.errors import ReplyError
+from flwr_pfl.errors import ConfigError, ReplyError
 from flwr_pfl.strategies.base import NDArrays, PFLStrategy
 from flwr_pfl.strategies.validation import ClientReply, Scalar
 
@@ -126,12 +126,19 @@ class FEDORA(PFLStrategy):
             validation accuracy; LOCAL is selected by the same rule on its own curve).
         eval_aux: also send ``theta_hat_k`` at evaluation (diagnostic ``aux_accuracy``).
         eval_every: evaluate every this many rounds and after the last one (the official code:
-            10); 1 = every round.
-        **kwargs: :class:`PFLStrategy`'s arguments (``num_clients`` = K).
+            10); 1 = every round. Anything but 1 needs ``num_rounds``.
+        **kwargs: :class:`PFLStrategy`'s arguments (``num_clients`` = K, ``num_rounds``, Flower's
+            FedAvg arguments). ``evaluate_fn`` is refused (there is no global model), and so is
+            ``min_available_clients`` below K (the graph is built once, from every client).
+            ``on_fit_config_fn``'s keys reach the train rounds, not the setup exchange.
     """
 
     name = "fedora"
     needs_partition_ids = True  # each client is sent its own row of theta_hat
+    refused_hooks = {
+        "evaluate_fn": "FEDORA has no global model to evaluate on the server: each client k trains its own "
+        "theta_k from its auxiliary model theta_hat_k (evaluate them with the clients' evaluation)",
+    }
 
     def __init__(
         self,
@@ -144,6 +151,14 @@ class FEDORA(PFLStrategy):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if self.min_available_clients < self.num_clients:
+            raise ConfigError(
+                f"min_available_clients={self.min_available_clients} < num_clients={self.num_clients} is not allowed "
+                "for FEDORA: its similarity graph is built once, at the first round, from every client's subspace; "
+                "a client that connects later would stay isolated for the whole run"
+            )
+        if eval_every != 1:
+            self.require_num_rounds(f"eval_every={eval_every} (an evaluation after the last round)", "eval_every=1")
         if report_round not in REPORT_ROUNDS:
             raise ValueError(f"report_round={report_round!r}; allowed: {list(REPORT_ROUNDS)}")
         if eval_every < 1:
@@ -168,10 +183,16 @@ class FEDORA(PFLStrategy):
         self.wait_for_clients(client_manager)
         return [proxy for _, proxy in sorted(client_manager.all().items())]
 
-    def setup(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> None:
-        """Collect every client's ``U_k`` and build the graph and the two buffers (Alg. 1 l. 1-7)."""
+    def setup(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> bool:
+        """Collect every client's ``U_k`` and build the graph and the two buffers (Alg. 1 l. 1-7).
+
+        Returns False, building nothing, when a client failed or sent an invalid subspace and
+        ``accept_failures`` is False: the round is skipped and the next one asks again.
+        """
         init = parameters_to_ndarrays(parameters)
         self.layout = core.ParameterLayout.from_arrays(init)
+        self.setup_errors = {}
+        failed = 0
         k_total = self.num_clients
         ins = FitIns(Parameters(tensors=[], tensor_type="numpy.ndarray"), subspace_config(self.config.subspace))
         uploads: dict[int, np.ndarray] = {}
@@ -192,10 +213,16 @@ class FEDORA(PFLStrategy):
                 pid, u = self._read_setup(proxy, reply)
             except Exception as err:  # no reply, an error reply or a malformed one
                 log(WARNING, "FEDORA setup: no subspace from client %s: %s", proxy.cid, err)
+                failed += 1
                 continue
             if u is not None:
                 uploads[pid] = u
         subspaces = self._check_subspaces(uploads, k_total)
+        failed += sum(1 for pid in uploads if subspaces[pid] is None)
+        if self.refuses_failures(failed):
+            log(WARNING, "FEDORA setup: %d client(s) failed and accept_failures=False: no graph is built; round %d "
+                "is skipped and the next round asks every client again", failed, server_round)
+            return False
         present = sum(u is not None for u in subspaces)
         if present == 0:
             raise RuntimeError(
@@ -208,6 +235,7 @@ class FEDORA(PFLStrategy):
         log(INFO, "FEDORA setup: %d/%d subspaces; graph %s, kappa=%.3f; isolated clients: %s; "
             "server buffers 2 x %d x %d float32 (%.1f MB)", present, k_total, self.config.graph,
             self.graph.kappa, isolated, k_total, self.layout.size, self.theta.nbytes * 2 / 2**20)
+        return True
 
     def _read_setup(self, proxy: ClientProxy, res: Any) -> tuple[int, np.ndarray | None]:
         pid = int(res.metrics.get("partition_id", -1))
@@ -245,8 +273,8 @@ class FEDORA(PFLStrategy):
     ) -> list[tuple[ClientProxy, FitIns]]:
         if self.global_arrays is None:
             self.global_arrays = parameters_to_ndarrays(parameters)
-        if self.graph is None:
-            self.setup(server_round, parameters, client_manager)
+        if self.graph is None and not self.setup(server_round, parameters, client_manager):
+            return []
         clients = self._sample(client_manager, server_round, self.fraction_fit, self.min_fit_clients)
         return self.fit_instructions(server_round, parameters, clients)
 
@@ -255,12 +283,7 @@ class FEDORA(PFLStrategy):
     ) -> list[tuple[ClientProxy, FitIns]]:
         """Each sampled client k gets its own ``theta_hat_k`` (views of its buffer row)."""
         assert self.layout is not None and self.theta_hat is not None
-        config: dict[str, Scalar] = {
-            **self.extra_fit_config,
-            "server-round": self.round_offset + server_round,
-            PHASE_KEY: "train",
-            **client_rule_config(self.config, self.local_baseline),
-        }
+        config = self.fit_config(server_round, {PHASE_KEY: "train", **client_rule_config(self.config, self.local_baseline)})
         out, self._sampled = [], set()
         for proxy in clients:
             pid = self.partition_of.get(proxy.cid)
@@ -282,7 +305,7 @@ class FEDORA(PFLStrategy):
         if current % self.eval_every and not (self.num_rounds and current >= self.num_rounds):
             return []
         clients = self._sample(client_manager, server_round, self.fraction_evaluate, self.min_evaluate_clients, "evaluate")
-        config: dict[str, Scalar] = {"server-round": self.round_offset + server_round}
+        config = self.evaluate_config(server_round)
         empty = Parameters(tensors=[], tensor_type="numpy.ndarray")
         out = []
         for proxy in clients:

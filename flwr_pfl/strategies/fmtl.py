@@ -242,14 +242,14 @@ class FedFMTL(PFLStrategy):
         phase = self.phase(server_round)
         want_stats = phase == 2 and self.weighting.scheme is HeadWeighting.FMTL_EQ10
         out = []
-        for proxy, ins in super().fit_instructions(server_round, parameters, clients):
+        for proxy in clients:
             key = f"p{self.partition_of[proxy.cid]}" if proxy.cid in self.partition_of else None
-            ins.config |= {
+            protocol: dict[str, Scalar] = {
                 "fmtl-phase": phase,
                 "fmtl-upload": self.upload if phase == 2 else "full",
                 "fmtl-stats": bool(want_stats and (key is None or key not in self.statistics)),
             }
-            out.append((proxy, ins))
+            out.append((proxy, FitIns(parameters, self.fit_config(server_round, protocol))))
         return out
 
     # ---------------------------------------------------------------- replies

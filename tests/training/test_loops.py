@@ -490,8 +490,8 @@ def test_supervised_loss_uses_own_head():
 
 
 def test_optimizer_config_validation():
-    with pytest.raises(ConfigError, match="optimizer"):
-        OptimizerConfig("rmsprop")
+    with pytest.raises(ConfigError, match="optimizer='rmsprp' is unknown .did you mean rmsprop"):
+        OptimizerConfig("rmsprp")
     for lr in [0.0, -1.0, float("nan")]:
         with pytest.raises(ConfigError, match="learning-rate"):
             OptimizerConfig(learning_rate=lr)
