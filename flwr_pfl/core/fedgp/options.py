@@ -1,6 +1,7 @@
 """FedGP / FedDA option enums: the aggregation rule (Definitions 4.1 / 4.3), the projection, its
 granularity (App. C.9), source weighting, the FedGP beta form (Eq. 3 / App. A.4), estimator
-alignment (App. C.4), tensor roles, and the round schedule's phases, placements and stages.
+alignment (App. C.4), tensor roles, the round schedule's phases, placements and stages, and the
+preset names of :func:`~flwr_pfl.core.fedgp.config.fda_preset`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Server side, every round: parameter propagation (Eq. 6-7; Algorithm 1 line 16).
 
-:func:`propagate` computes ``Theta_hat = M Theta`` in closed form (one GEMM per row block, in
-place); :func:`propagate_iterative` runs ``m`` steps of Eq. 7; :func:`server_objective` evaluates
-Eq. 3 for diagnostics.
+:func:`propagate` computes ``Theta_hat = M Theta`` in closed form (one GEMM into the output
+buffer, or column blocks for a subset of rows; no ``K x P`` temporary);
+:func:`propagate_iterative` runs ``m`` steps of Eq. 7; :func:`server_objective` evaluates Eq. 3
+for diagnostics.
 """
 
 from __future__ import annotations
