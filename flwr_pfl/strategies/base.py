@@ -491,31 +491,29 @@ class PFLStrategy(FedAvg):
         return loss, metrics
 
     def _notify(self, server_round: int, phase: str, metrics: dict[str, float], clients: dict[int, dict[str, Scalar]]) -> None:
-        if phase in ("fit", "evaluate"):
-            self._record_participation(server_round, phase, metrics, clients)
+        if phase in ("fit", "evaluate"):  # recorded, not returned to Flower: the results rows say who took part
+            metrics = {**metrics, **self._participation(server_round, phase, clients)}
         if self.on_round is not None:
             self.on_round(self.round_offset + server_round, phase, metrics, clients)
 
-    def _record_participation(
-        self, server_round: int, phase: str, metrics: dict[str, Any], clients: dict[int, dict[str, Scalar]]
-    ) -> None:
-        """Add who took part in this aggregation (partition ids of the accepted replies) and who
-        was sampled but dropped (no reply in time, an error, a rejected reply) to ``metrics``,
-        and log the dropped ones by partition id and node id."""
-        taken = sorted(pid for pid in clients if pid >= 0)
-        metrics["participants"] = float(len(clients))
-        metrics["participant_ids"] = " ".join(str(pid) for pid in taken)
+    def _participation(self, server_round: int, phase: str, clients: dict[int, dict[str, Scalar]]) -> dict[str, Any]:
+        """Who took part in this aggregation (partition ids of the accepted replies) and who was
+        sampled but dropped (no reply in time, left, an error, a rejected reply); the dropped
+        ones are logged by partition id, or by node id when their partition is unknown."""
+        taken = " ".join(str(pid) for pid in sorted(pid for pid in clients if pid >= 0))
+        out: dict[str, Any] = {"participants": float(len(clients)), "participant_ids": taken}
         sampled = self._sampled_nodes.pop(phase, None)
         if sampled is None:  # this aggregation did not follow a sample of the base class
-            return
+            return out
         dropped = [(self.partition_of.get(cid), cid) for cid in sampled if self.partition_of.get(cid) not in clients]
         dropped.sort(key=lambda d: (d[0] is None, d[0] or 0, d[1]))
-        metrics["num_dropped"] = float(len(dropped))
-        metrics["dropped_ids"] = " ".join(_who(cid, partition) for partition, cid in dropped)
+        out["num_dropped"] = float(len(dropped))
+        out["dropped_ids"] = " ".join(_who(cid, partition) for partition, cid in dropped)
         if dropped:
             log(WARNING, "round %d: %s: %d of %d sampled clients dropped (no reply in time, left, failed or "
                 "rejected): %s; going on with partitions [%s]", self.round_offset + server_round, phase,
-                len(dropped), len(sampled), metrics["dropped_ids"], metrics["participant_ids"])
+                len(dropped), len(sampled), out["dropped_ids"], taken)
+        return out
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
