@@ -50,7 +50,16 @@ class RunConfig:
             default); results are bit-identical across engines only at the same count.
         output_dir: where runs are written (``~`` expanded; made absolute).
         run_name: sub-directory of the run; empty = ``<algorithm>-<dataset>-<timestamp>``.
-        wait_timeout: seconds the server waits for ``num_clients`` clients.
+        wait_timeout: seconds the server waits for ``min_clients`` connected clients before each
+            sampling (then gives up with an error naming the numbers).
+        min_clients: the least connected clients a round goes on with; 0 = ``num_clients`` (the
+            whole federation: a run starts only when every partition is there and rounds wait
+            for a node that left, which keeps simulation runs repeatable). Lower it on a fleet
+            whose nodes come and go: rounds then sample among the nodes that are connected.
+        round_timeout: seconds a client has to answer one exchange of a round (fit, evaluate and
+            the algorithms' own exchanges); a client that has not answered by then is dropped
+            from that round and logged, and the round goes on with the replies in hand.
+            0 = no limit (a hung client blocks the round).
         resume: continue the run in ``output_dir/run_name`` from its ``checkpoint.npz``
             (server state; client state lives on the clients); false starts afresh.
     """
@@ -77,6 +86,8 @@ class RunConfig:
     output_dir: str = "~/flwr_pfl_outputs"
     run_name: str = ""
     wait_timeout: float = 600.0
+    min_clients: int = 0
+    round_timeout: float = 0.0
     resume: bool = False
 
     def __post_init__(self) -> None:
@@ -102,9 +113,26 @@ class RunConfig:
             raise ConfigError(f"model={self.model!r} is unknown; allowed: {', '.join(MODEL_NAMES)}")
         if self.wait_timeout <= 0:
             raise ConfigError(f"wait-timeout={self.wait_timeout} must be > 0 seconds")
+        if not 0 <= self.min_clients <= self.num_clients:
+            raise ConfigError(
+                f"min-clients={self.min_clients} is out of range; must be in [0, num-clients={self.num_clients}] "
+                "(0 = num-clients: wait for the whole federation)"
+            )
+        if self.round_timeout < 0:
+            raise ConfigError(f"round-timeout={self.round_timeout} must be >= 0 seconds (0 = no limit)")
         if not self.output_dir:
             raise ConfigError("output-dir must not be empty")
         self.optimizer_config()  # validates the optimizer and scheduler keys
+
+    @property
+    def min_available_clients(self) -> int:
+        """``min-clients`` resolved: the least connected clients a round goes on with."""
+        return self.min_clients or self.num_clients
+
+    @property
+    def round_timeout_seconds(self) -> float | None:
+        """``round-timeout`` as Flower takes it: seconds, or None for no limit."""
+        return self.round_timeout or None
 
     def optimizer_config(self) -> OptimizerConfig:
         return OptimizerConfig(

@@ -29,6 +29,8 @@ def build_strategy(experiment: Experiment, writer: ResultsWriter | None = None) 
         fraction_evaluate=run.fraction_evaluate,
         on_round=writer.on_round if writer is not None else None,
         wait_timeout=run.wait_timeout,
+        min_available_clients=run.min_available_clients,
+        round_timeout=run.round_timeout_seconds,
         seed=run.seed,
         num_rounds=run.num_server_rounds,
         **spec.strategy_kwargs(experiment.options),
@@ -69,7 +71,7 @@ def run_server(grid: Grid, context: Context) -> ResultsWriter:
         rounds -= done
     log(INFO, "flwr_pfl: %s, results in %s", experiment.algorithm.summary, output)
     if rounds > 0:
-        start_grid(grid=grid, strategy=strategy, config=ServerConfig(num_rounds=rounds))
+        start_grid(grid=grid, strategy=strategy, config=ServerConfig(num_rounds=rounds, round_timeout=experiment.run.round_timeout_seconds))
     writer.finish()
     return writer
 

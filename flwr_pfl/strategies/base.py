@@ -75,7 +75,10 @@ class PFLStrategy(FedAvg):
     * ``accept_failures``: False leaves a round with any failed or rejected reply unaggregated
       (the global model unchanged; the row records ``num_failures``), for fit and evaluate.
     * ``min_available_clients``: the strategy waits (up to ``wait_timeout``) until this many
-      clients are connected before sampling (default ``num_clients``).
+      clients are connected before sampling (default ``num_clients``), then samples among the
+      clients connected at that moment: fewer than ``num_clients`` lets rounds go on while
+      nodes leave and join (a node that joins late is asked for its partition id and sampled
+      from then on; one that left is no longer offered by Flower's client manager).
     * ``min_evaluate_clients``: the least clients an evaluation round samples.
     * ``initial_parameters``: Flower ``Parameters``, the same as ``initial_arrays``.
     * ``inplace``: accepted for compatibility; it changes nothing here (the suite aggregates
@@ -98,6 +101,14 @@ class PFLStrategy(FedAvg):
         num_rounds: the run's total number of rounds (0: unknown). Flower's legacy strategies are
             never told the ``ServerConfig``'s ``num_rounds``; algorithms that treat the last round
             differently refuse to be built without it (:meth:`require_num_rounds`).
+        round_timeout: seconds a client has to answer one exchange (None: Flower's default, no
+            practical limit). Pass the same value as ``ServerConfig(round_timeout=...)``: Flower
+            applies that one to the rounds' fit and evaluate exchanges, this one to the
+            strategy's own (partition queries, FedDAR's head phase, FEDORA's setup). A client
+            that does not answer in time counts as a failure; the round goes on with the
+            replies in hand, and every aggregation logs and records who took part and who
+            was dropped (``participants``, ``participant_ids``, ``num_dropped``,
+            ``dropped_ids``).
     """
 
     name = "fedavg"
@@ -133,6 +144,7 @@ class PFLStrategy(FedAvg):
         wait_timeout: float = 600.0,
         seed: int | None = 0,
         num_rounds: int = 0,
+        round_timeout: float | None = None,
     ) -> None:
         if num_clients < 1:
             raise ValueError(f"num_clients must be >= 1, got {num_clients}")
@@ -146,6 +158,8 @@ class PFLStrategy(FedAvg):
                 f"min_available_clients={min_available_clients} must be in [1, num_clients={num_clients}]: the "
                 "federation never has more than num_clients clients"
             )
+        if round_timeout is not None and not round_timeout > 0:
+            raise ConfigError(f"round_timeout must be > 0 seconds or None (no limit), got {round_timeout!r}")
         if isinstance(num_rounds, bool) or not isinstance(num_rounds, int) or num_rounds < 0:
             raise ConfigError(f"num_rounds must be an int >= 0 (0: unknown), got {num_rounds!r}")
         if initial_parameters is not None:
@@ -176,6 +190,8 @@ class PFLStrategy(FedAvg):
         self.wait_timeout = wait_timeout
         self.seed = hooks.resolve_seed(seed)
         self.num_rounds = num_rounds
+        self.round_timeout = round_timeout
+        self._sampled_nodes: dict[str, list[str]] = {}  # stage -> node ids sampled for its latest round
         self.global_arrays: NDArrays | None = initial_arrays
         self.round_offset = 0  # rounds completed before a resume
         self.partition_of: dict[str, int] = {}  # cid -> partition id, learned from replies
@@ -219,8 +235,18 @@ class PFLStrategy(FedAvg):
                 f"only {client_manager.num_available()} of {what} clients "
                 f"connected within {self.wait_timeout:.0f} s; in simulation, set the federation's "
                 f"num-supernodes to {self.num_clients} (flwr run . --federation-config "
-                f"\"num-supernodes={self.num_clients}\") or change num-clients"
+                f"\"num-supernodes={self.num_clients}\") or change num-clients; on a fleet, "
+                "lower min-clients to go on with fewer nodes"
             )
+        connected = client_manager.num_available()
+        if connected < self.num_clients:
+            log(INFO, "%d of num-clients=%d clients connected (min_available_clients=%d): going on with them",
+                connected, self.num_clients, wanted)
+
+    def exchange_timeout(self, fallback: float | None) -> float | None:
+        """Seconds a client has to answer one of the strategy's own exchanges: ``round_timeout``
+        when set, else ``fallback`` (what the exchange waited before there was a round timeout)."""
+        return self.round_timeout if self.round_timeout is not None else fallback
 
     def query_properties(
         self, server_round: int, clients: list[ClientProxy], config: dict[str, Scalar]
@@ -231,7 +257,8 @@ class PFLStrategy(FedAvg):
 
         def ask(proxy: ClientProxy) -> dict[str, Scalar] | BaseException:
             try:
-                return dict(proxy.get_properties(ins, timeout=self.wait_timeout, group_id=server_round).properties)
+                timeout = self.exchange_timeout(self.wait_timeout)
+                return dict(proxy.get_properties(ins, timeout=timeout, group_id=server_round).properties)
             except Exception as err:  # no answer or an error reply
                 return err
 
@@ -273,10 +300,13 @@ class PFLStrategy(FedAvg):
         size = min(max(int(available * fraction), min_clients), available)
         if size >= available and not self.needs_partition_ids:
             clients = list(client_manager.all().values())  # everyone: no need to know who is who
-            return sorted(clients, key=lambda p: (self.partition_of.get(p.cid, -1), p.cid))
-        clients = self.all_clients(server_round, client_manager)
-        rng = sampling_rng(self.seed, stage, self.round_offset + server_round)
-        return [clients[i] for i in sample_indices(len(clients), size, rng)]
+            sampled = sorted(clients, key=lambda p: (self.partition_of.get(p.cid, -1), p.cid))
+        else:
+            clients = self.all_clients(server_round, client_manager)
+            rng = sampling_rng(self.seed, stage, self.round_offset + server_round)
+            sampled = [clients[i] for i in sample_indices(len(clients), size, rng)]
+        self._sampled_nodes[stage] = [p.cid for p in sampled]
+        return sampled
 
     # ---------------------------------------------------------------- configs (Flower's hooks)
     def _round_config(self, hook: str, server_round: int) -> dict[str, Scalar]:
@@ -434,6 +464,9 @@ class PFLStrategy(FedAvg):
     ) -> tuple[float | None, dict[str, Scalar]]:
         valid: list[tuple[ClientProxy, EvaluateRes]] = []
         for proxy, res in in_partition_order(results):
+            partition = _partition_id(dict(res.metrics))
+            if partition is not None and 0 <= partition < self.num_clients:
+                self.partition_of[proxy.cid] = partition  # a node that joined since the fit round
             if res.num_examples > 0 and np.isfinite(res.loss):
                 valid.append((proxy, res))
             else:
@@ -458,8 +491,29 @@ class PFLStrategy(FedAvg):
         return loss, metrics
 
     def _notify(self, server_round: int, phase: str, metrics: dict[str, float], clients: dict[int, dict[str, Scalar]]) -> None:
+        if phase in ("fit", "evaluate"):  # recorded, not returned to Flower: the results rows say who took part
+            metrics = {**metrics, **self._participation(server_round, phase, clients)}
         if self.on_round is not None:
             self.on_round(self.round_offset + server_round, phase, metrics, clients)
+
+    def _participation(self, server_round: int, phase: str, clients: dict[int, dict[str, Scalar]]) -> dict[str, Any]:
+        """Who took part in this aggregation (partition ids of the accepted replies) and who was
+        sampled but dropped (no reply in time, left, an error, a rejected reply); the dropped
+        ones are logged by partition id, or by node id when their partition is unknown."""
+        taken = " ".join(str(pid) for pid in sorted(pid for pid in clients if pid >= 0))
+        out: dict[str, Any] = {"participants": float(len(clients)), "participant_ids": taken}
+        sampled = self._sampled_nodes.pop(phase, None)
+        if sampled is None:  # this aggregation did not follow a sample of the base class
+            return out
+        dropped = [(self.partition_of.get(cid), cid) for cid in sampled if self.partition_of.get(cid) not in clients]
+        dropped.sort(key=lambda d: (d[0] is None, d[0] or 0, d[1]))
+        out["num_dropped"] = float(len(dropped))
+        out["dropped_ids"] = " ".join(_who(cid, partition) for partition, cid in dropped)
+        if dropped:
+            log(WARNING, "round %d: %s: %d of %d sampled clients dropped (no reply in time, left, failed or "
+                "rejected): %s; going on with partitions [%s]", self.round_offset + server_round, phase,
+                len(dropped), len(sampled), out["dropped_ids"], taken)
+        return out
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
@@ -481,6 +535,11 @@ def _partition_id(answer: dict[str, Scalar] | BaseException) -> int | None:
         return int(answer["partition_id"])
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def _who(cid: str, partition: int | None) -> str:
+    """A dropped client as recorded: its partition id when known, else ``node-<id>``."""
+    return str(partition) if partition is not None else f"node-{cid}"
 
 
 def _headline(metrics: dict[str, float]) -> str:

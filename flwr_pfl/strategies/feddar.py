@@ -365,7 +365,9 @@ class FedDAR(DomainCountingStrategy):
             },
         )
         ins = FitIns(ndarrays_to_parameters(list(self.global_arrays or [])), config)
-        results, failures = fit_clients([(p, ins) for p in clients], max_workers=None, timeout=None, group_id=server_round)
+        results, failures = fit_clients(
+            [(p, ins) for p in clients], max_workers=None, timeout=self.exchange_timeout(None), group_id=server_round
+        )
         replies: list[ClientReply] = []
         rejected = 0
         for proxy, res in in_partition_order(results):  # the head sums must not depend on arrival order

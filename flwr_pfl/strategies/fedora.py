@@ -200,7 +200,7 @@ class FEDORA(PFLStrategy):
 
         def ask(proxy: ClientProxy) -> Any:
             try:
-                return proxy.fit(ins, self.wait_timeout, server_round)
+                return proxy.fit(ins, self.exchange_timeout(self.wait_timeout), server_round)
             except Exception as err:  # no reply or an error reply
                 return err
 
