@@ -13,6 +13,8 @@ from flwr.server.compat import start_grid
 from flwr.serverapp import Grid, ServerApp
 
 from flwr_pfl.app.config import Experiment, parse_experiment
+from flwr_pfl.app.export import export_global_model, request_client_exports
+from flwr_pfl.app.nodes import federation_size
 from flwr_pfl.app.results import ResultsWriter
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.strategies.base import PFLStrategy
@@ -49,6 +51,8 @@ def load_checkpoint(strategy: PFLStrategy, path: Path) -> int:
 def run_server(grid: Grid, context: Context) -> ResultsWriter:
     """Run one experiment on ``grid`` and return its results writer."""
     experiment = parse_experiment(context.run_config)  # stops here on a bad key or value
+    if experiment.run.num_clients == 0:  # the federation's size, as its nodes were configured
+        experiment = experiment.with_num_clients(federation_size(grid, experiment.run.wait_timeout))
     seed_everything(experiment.run.seed)
     # The server's own tensor work (FEDORA's propagation GEMM, FedDAR-SA's solves) uses the
     # clients' thread count: a matrix product's rounding depends on how it is split across
@@ -62,6 +66,7 @@ def run_server(grid: Grid, context: Context) -> ResultsWriter:
     writer = ResultsWriter(output, experiment.to_dict())
     strategy = build_strategy(experiment, writer)
     writer.state_fn = strategy.state_dict
+    request_client_exports(strategy, output)
     rounds = experiment.run.num_server_rounds
     if resumed:
         done = load_checkpoint(strategy, checkpoint)
@@ -71,6 +76,7 @@ def run_server(grid: Grid, context: Context) -> ResultsWriter:
     if rounds > 0:
         start_grid(grid=grid, strategy=strategy, config=ServerConfig(num_rounds=rounds))
     writer.finish()
+    export_global_model(grid, strategy, output, experiment.run.wait_timeout)
     return writer
 
 

@@ -70,6 +70,12 @@ class PFLStrategy(FedAvg):
     #: (algorithms with per-client server state); otherwise ids are asked for only when a
     #: round samples part of the federation
     needs_partition_ids: bool = False
+    #: whether the final global arrays are a model worth exporting (FEDORA's are not: each
+    #: client has its own model and the global arrays stay the unused initial ones)
+    has_global_model: bool = True
+    #: scalars added to the evaluate instructions of the run's last round (needs ``num_rounds``);
+    #: the app asks clients to export their personalized models this way
+    last_round_config: dict[str, Scalar] = {}
 
     def __init__(
         self,
@@ -201,8 +207,15 @@ class PFLStrategy(FedAvg):
         if self.fraction_evaluate == 0.0:
             return []
         clients = self._sample(client_manager, server_round, self.fraction_evaluate, self.min_evaluate_clients, "evaluate")
-        config: dict[str, Scalar] = {"server-round": self.round_offset + server_round}
+        config = self.evaluate_config(server_round)
         return [(proxy, EvaluateIns(parameters, dict(config))) for proxy in clients]
+
+    def evaluate_config(self, server_round: int) -> dict[str, Scalar]:
+        """The scalars of an evaluate instruction: ``server-round``, plus ``last_round_config``
+        in the run's last round."""
+        current = self.round_offset + server_round
+        last = bool(self.num_rounds) and current >= self.num_rounds
+        return {"server-round": current, **(self.last_round_config if last else {})}
 
     # ---------------------------------------------------------------- replies
     def expected_shapes(self, server_round: int) -> list[tuple[int, ...]]:

@@ -239,7 +239,7 @@ class FDAStrategy(PFLStrategy):
             if not pairs:  # the target was not sampled: ask it directly
                 proxy = client_manager.all().get(self.target_cid)
                 if proxy is not None:
-                    pairs = [(proxy, EvaluateIns(parameters, {"server-round": self.round_offset + server_round}))]
+                    pairs = [(proxy, EvaluateIns(parameters, self.evaluate_config(server_round)))]
         return pairs
 
     # ---------------------------------------------------------------- replies

@@ -132,6 +132,7 @@ class FEDORA(PFLStrategy):
 
     name = "fedora"
     needs_partition_ids = True  # each client is sent its own row of theta_hat
+    has_global_model = False  # each client its own model; the global arrays stay the initial ones
 
     def __init__(
         self,
@@ -282,7 +283,7 @@ class FEDORA(PFLStrategy):
         if current % self.eval_every and not (self.num_rounds and current >= self.num_rounds):
             return []
         clients = self._sample(client_manager, server_round, self.fraction_evaluate, self.min_evaluate_clients, "evaluate")
-        config: dict[str, Scalar] = {"server-round": self.round_offset + server_round}
+        config = self.evaluate_config(server_round)
         empty = Parameters(tensors=[], tensor_type="numpy.ndarray")
         out = []
         for proxy in clients:

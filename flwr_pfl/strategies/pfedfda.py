@@ -168,7 +168,7 @@ class PFedFDA(PFLStrategy):
             clients = self.all_clients(server_round, client_manager)  # the paper evaluates everyone
         else:
             clients = self._sample(client_manager, server_round, self.fraction_evaluate, self.min_evaluate_clients, "evaluate")
-        config: dict[str, Scalar] = {"server-round": self.round_offset + server_round}
+        config = self.evaluate_config(server_round)
         return [(proxy, EvaluateIns(parameters, dict(config))) for proxy in clients]
 
     # ---------------------------------------------------------------- replies
