@@ -2,8 +2,8 @@
 
 Two facts the server cannot know by itself come from the clients, through the same
 ``get_properties`` exchange the strategies use (:meth:`flwr_pfl.clients.base.PFLClient.get_properties`):
-the federation's size, when ``num-clients = 0`` (each node knows ``num-partitions`` from its node
-config), and the names of the arrays on the wire, for the model export
+the federation's size (each node knows ``num-partitions`` from its node config), which
+``num-clients = 0`` stands for and a set ``num-clients`` must equal, and the names of the arrays on the wire, for the model export
 (:mod:`flwr_pfl.app.export`). A node is asked only after it has registered: in Flower's simulation
 the ServerApp starts while the engine is still registering the simulated nodes, and in a deployment
 nodes connect when they are started.
@@ -19,9 +19,12 @@ from flwr.server.compat.grid_client_proxy import GridClientProxy
 from flwr.serverapp import Grid
 
 from flwr_pfl.clients.base import NUM_PARTITIONS, Config
+from flwr_pfl.errors import ConfigError
 
 #: seconds between two looks for registered nodes
 POLL_SECONDS = 0.2
+#: how Flower's client proxy reports an error reply (the client raised), as opposed to no reply
+CLIENT_ERROR = "client-side execution"
 
 
 def wait_for_nodes(grid: Grid, timeout: float) -> list[int]:
@@ -44,21 +47,24 @@ def wait_for_nodes(grid: Grid, timeout: float) -> list[int]:
 
 
 def ask_a_node(grid: Grid, config: Config, timeout: float) -> Config:
-    """One node's ``get_properties(config)`` answer: the registered nodes are asked in turn
-    until one answers.
+    """One node's ``get_properties(config)`` answer. The registered nodes are asked in turn
+    while they do not reply; a node whose client raised stops the search (every node runs the
+    same code on the same run config, so the next would raise too).
 
     Raises:
-        RuntimeError: no node answered (naming each node's error).
+        RuntimeError: a client raised (with its error), or no node replied.
     """
     errors = []
     for node_id in wait_for_nodes(grid, timeout):
         proxy = GridClientProxy(node_id=node_id, grid=grid, run_id=grid.run.run_id)
         try:
             return dict(proxy.get_properties(GetPropertiesIns(dict(config)), timeout=timeout, group_id=None).properties)
-        except Exception as err:  # an error reply or no reply: try the next node
+        except Exception as err:  # an error reply, or no reply
+            if CLIENT_ERROR in str(err):
+                raise RuntimeError(f"node {node_id} could not answer the server's query {config}: {err}") from None
             log(WARNING, "node %d did not answer %s: %s", node_id, config, err)
             errors.append(f"node {node_id}: {err}")
-    raise RuntimeError(f"no node answered the query {config}: " + "; ".join(errors))
+    raise RuntimeError(f"no node answered the server's query {config}: " + "; ".join(errors))
 
 
 def federation_size(grid: Grid, timeout: float) -> int:
@@ -77,5 +83,21 @@ def federation_size(grid: Grid, timeout: float) -> int:
         raise RuntimeError(
             f"num-clients=0 (the federation's size) but the node's answer {answer} holds no num-partitions; "
             "start SuperNodes with --node-config \"partition-id=<i> num-partitions=<n>\" or set num-clients"
+        )
+    return size
+
+
+def resolve_num_clients(grid: Grid, num_clients: int, timeout: float) -> int:
+    """``num-clients`` checked against the federation's size, or that size when it is 0.
+
+    Raises:
+        ConfigError: ``num_clients`` > 0 differs from the nodes' ``num-partitions``.
+        RuntimeError: no node answered (see :func:`federation_size`).
+    """
+    size = federation_size(grid, timeout)
+    if num_clients and num_clients != size:
+        raise ConfigError(
+            f"num-clients={num_clients} but the federation has num-partitions={size} (in simulation: "
+            f"num-supernodes); make them equal, or set num-clients=0 to use the federation's size"
         )
     return size

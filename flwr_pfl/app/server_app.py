@@ -14,7 +14,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from flwr_pfl.app.config import Experiment, parse_experiment
 from flwr_pfl.app.export import export_global_model, request_client_exports
-from flwr_pfl.app.nodes import federation_size
+from flwr_pfl.app.nodes import resolve_num_clients
 from flwr_pfl.app.results import ResultsWriter
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.strategies.base import PFLStrategy
@@ -51,8 +51,9 @@ def load_checkpoint(strategy: PFLStrategy, path: Path) -> int:
 def run_server(grid: Grid, context: Context) -> ResultsWriter:
     """Run one experiment on ``grid`` and return its results writer."""
     experiment = parse_experiment(context.run_config)  # stops here on a bad key or value
-    if experiment.run.num_clients == 0:  # the federation's size, as its nodes were configured
-        experiment = experiment.with_num_clients(federation_size(grid, experiment.run.wait_timeout))
+    # num-clients = 0 is the federation's size; a set value must equal it
+    num_clients = resolve_num_clients(grid, experiment.run.num_clients, experiment.run.wait_timeout)
+    experiment = experiment.with_num_clients(num_clients)
     seed_everything(experiment.run.seed)
     # The server's own tensor work (FEDORA's propagation GEMM, FedDAR-SA's solves) uses the
     # clients' thread count: a matrix product's rounding depends on how it is split across
