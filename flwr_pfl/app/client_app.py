@@ -6,7 +6,7 @@ from flwr.app import Context
 from flwr.client import Client, ClientApp
 
 from flwr_pfl.app.config import Experiment, parse_experiment
-from flwr_pfl.app.export import ExportingClient
+from flwr_pfl.app.node_client import NodeClient
 from flwr_pfl.clients.base import LocalData, PFLClient
 from flwr_pfl.data.federated import load_client_data
 from flwr_pfl.errors import ConfigError
@@ -57,7 +57,7 @@ def build_client(context: Context) -> PFLClient:
 
 
 def client_fn(context: Context) -> Client:
-    return ExportingClient(build_client(context)).to_client()
+    return NodeClient(context, build_client).to_client()
 
 
 app = ClientApp(client_fn=client_fn)

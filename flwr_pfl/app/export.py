@@ -15,9 +15,10 @@ Written into the run's output directory (``<output-dir>/<run-name>``):
   and FEDORA's whole model, the fine-tuned model of ``finetune``, pFedFDA's personalized head.
   Together with ``model.pt`` (``{**global, **personal}``) it is the model the client evaluated
   in the last round. Beside it ``clients/<partition-id>.json``: the round, the keys and that
-  evaluation's metrics. The client writes these itself, on the evaluate message of the run's
-  last round, which carries the run directory's name (:data:`EXPORT_KEY`): in simulation into
-  the run's directory, in a deployment on the node's own disk (under its own ``output-dir``).
+  evaluation's metrics. The client writes these itself (:class:`~flwr_pfl.app.node_client.NodeClient`),
+  on the evaluate message of the run's last round, which carries the run directory's name
+  (:data:`EXPORT_KEY`): in simulation into the run's directory, in a deployment on the node's own
+  disk (under its own ``output-dir``).
   Clients not evaluated in the last round (``fraction-evaluate`` < 1) write nothing.
 
 How to load them: docs/export.md.
@@ -34,14 +35,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.client import NumPyClient
 from flwr.common import log
 from flwr.serverapp import Grid
 
 from flwr_pfl.app.config import RunConfig
 from flwr_pfl.app.keys import parse_section
 from flwr_pfl.app.nodes import ask_a_node
-from flwr_pfl.clients.base import EXTRA_SEPARATOR, WIRE_LAYOUT, WIRE_LAYOUT_QUERY, Config, NDArrays, PFLClient
+from flwr_pfl.clients.base import EXTRA_SEPARATOR, WIRE_LAYOUT, WIRE_LAYOUT_QUERY, NDArrays, PFLClient
 from flwr_pfl.strategies.base import PFLStrategy
 
 #: evaluate-config key of the run's last round: the run directory's name (clients export into it)
@@ -100,30 +100,6 @@ def export_global_model(grid: Grid, strategy: PFLStrategy, output: Path, timeout
 
 
 # -------------------------------------------------------------------------------- client side
-class ExportingClient(NumPyClient):
-    """A suite client that, on the evaluate message carrying :data:`EXPORT_KEY`, writes its
-    personalized part (:func:`write_client_export`). Everything else is the client's own."""
-
-    def __init__(self, client: PFLClient) -> None:
-        self.client = client
-
-    def get_properties(self, config: Config) -> Config:
-        return self.client.get_properties(config)
-
-    def get_parameters(self, config: Config) -> NDArrays:
-        return self.client.get_parameters(config)
-
-    def fit(self, parameters: NDArrays, config: Config) -> tuple[NDArrays, int, Config]:
-        return self.client.fit(parameters, config)
-
-    def evaluate(self, parameters: NDArrays, config: Config) -> tuple[float, int, Config]:
-        loss, num_examples, metrics = self.client.evaluate(parameters, config)
-        if EXPORT_KEY in config:
-            scores = {**metrics, "loss": loss, "num_examples": num_examples}
-            write_client_export(self.client, str(config[EXPORT_KEY]), int(config.get("server-round", 0)), scores)
-        return loss, num_examples, metrics
-
-
 def client_export_dir(run_config: Mapping[str, Any], run_name: str) -> Path:
     """``<output-dir>/<run_name>/clients`` with the node's own ``output-dir``.
 

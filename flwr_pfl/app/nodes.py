@@ -12,19 +12,27 @@ nodes connect when they are started.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from logging import WARNING
+from typing import Any
 
 from flwr.common import GetPropertiesIns, log
 from flwr.server.compat.grid_client_proxy import GridClientProxy
 from flwr.serverapp import Grid
 
-from flwr_pfl.clients.base import NUM_PARTITIONS, Config
+from flwr_pfl.clients.base import Config
 from flwr_pfl.errors import ConfigError
 
 #: seconds between two looks for registered nodes
 POLL_SECONDS = 0.2
-#: how Flower's client proxy reports an error reply (the client raised), as opposed to no reply
-CLIENT_ERROR = "client-side execution"
+#: ``get_properties`` query for the federation's size, and the answer's key
+FEDERATION_QUERY = {"query": "federation-size"}
+NUM_PARTITIONS = "num_partitions"
+
+
+def federation_answer(node_config: Mapping[str, Any]) -> Config:
+    """A node's answer to :data:`FEDERATION_QUERY`: its ``num-partitions`` (0 when unset)."""
+    return {NUM_PARTITIONS: int(node_config.get("num-partitions", 0))}
 
 
 def wait_for_nodes(grid: Grid, timeout: float) -> list[int]:
@@ -47,12 +55,11 @@ def wait_for_nodes(grid: Grid, timeout: float) -> list[int]:
 
 
 def ask_a_node(grid: Grid, config: Config, timeout: float) -> Config:
-    """One node's ``get_properties(config)`` answer. The registered nodes are asked in turn
-    while they do not reply; a node whose client raised stops the search (every node runs the
-    same code on the same run config, so the next would raise too).
+    """One node's ``get_properties(config)`` answer; the registered nodes are asked in turn
+    until one answers (a node may fail on its own, e.g. on its data).
 
     Raises:
-        RuntimeError: a client raised (with its error), or no node replied.
+        RuntimeError: no node answered (naming each node's error).
     """
     errors = []
     for node_id in wait_for_nodes(grid, timeout):
@@ -60,8 +67,6 @@ def ask_a_node(grid: Grid, config: Config, timeout: float) -> Config:
         try:
             return dict(proxy.get_properties(GetPropertiesIns(dict(config)), timeout=timeout, group_id=None).properties)
         except Exception as err:  # an error reply, or no reply
-            if CLIENT_ERROR in str(err):
-                raise RuntimeError(f"node {node_id} could not answer the server's query {config}: {err}") from None
             log(WARNING, "node %d did not answer %s: %s", node_id, config, err)
             errors.append(f"node {node_id}: {err}")
     raise RuntimeError(f"no node answered the server's query {config}: " + "; ".join(errors))
@@ -74,15 +79,15 @@ def federation_size(grid: Grid, timeout: float) -> int:
     Raises:
         RuntimeError: no node answered, or the answer holds no positive ``num_partitions``.
     """
-    answer = ask_a_node(grid, {}, timeout)
+    answer = ask_a_node(grid, FEDERATION_QUERY, timeout)
     try:
         size = int(answer[NUM_PARTITIONS])
     except (KeyError, TypeError, ValueError):
         size = 0
     if size < 1:
         raise RuntimeError(
-            f"num-clients=0 (the federation's size) but the node's answer {answer} holds no num-partitions; "
-            "start SuperNodes with --node-config \"partition-id=<i> num-partitions=<n>\" or set num-clients"
+            f"the federation's size is unknown: a node answered {answer}, without num-partitions; start "
+            "SuperNodes with --node-config \"partition-id=<i> num-partitions=<n>\""
         )
     return size
 

@@ -43,8 +43,6 @@ NDArrays = list[np.ndarray]
 Config = dict[str, bool | bytes | float | int | str]
 Reply = TypeVar("Reply")
 
-#: ``get_properties`` answer: the federation's size as the node config says (0: unknown)
-NUM_PARTITIONS = "num_partitions"
 #: ``get_properties`` query for the wire layout, and the answer's key (see PFLClient.wire_layout)
 WIRE_LAYOUT_QUERY = {"query": "wire-layout"}
 WIRE_LAYOUT = "wire_layout"
@@ -176,13 +174,9 @@ class PFLClient(NumPyClient):
     # ---------------------------------------------------------------- wire
     def get_properties(self, config: Config) -> Config:
         """The partition id, by which the strategy samples and orders clients
-        (:mod:`flwr_pfl.strategies.sampling`), and the node config's ``num-partitions`` (the
-        federation's size; 0 when the node config does not say). Asked with
-        :data:`WIRE_LAYOUT_QUERY`, also :meth:`wire_layout` as JSON (key :data:`WIRE_LAYOUT`)."""
-        properties: Config = {
-            "partition_id": self.partition_id,
-            NUM_PARTITIONS: int(self.context.node_config.get("num-partitions", 0)),
-        }
+        (:mod:`flwr_pfl.strategies.sampling`); asked with :data:`WIRE_LAYOUT_QUERY`, also
+        :meth:`wire_layout` as JSON (key :data:`WIRE_LAYOUT`)."""
+        properties: Config = {"partition_id": self.partition_id}
         if config.get("query") == WIRE_LAYOUT_QUERY["query"]:
             properties[WIRE_LAYOUT] = json.dumps(self.wire_layout())
         return properties

@@ -20,7 +20,8 @@ from flwr_pfl.app.client_app import app as client_app
 from flwr_pfl.app.client_app import node_partition
 from flwr_pfl.app.config import RunConfig, parse_experiment
 from flwr_pfl.app.inprocess import InProcessGrid, run_inprocess
-from flwr_pfl.app.nodes import resolve_num_clients, wait_for_nodes
+from flwr_pfl.app.node_client import NodeClient
+from flwr_pfl.app.nodes import ask_a_node, resolve_num_clients, wait_for_nodes
 from flwr_pfl.app.server_app import app as server_app
 from flwr_pfl.clients import FedAvgClient, LocalData
 from flwr_pfl.errors import ConfigError
@@ -63,30 +64,47 @@ def test_the_run_takes_the_federations_size(tmp_path, blobs_dataset):
     assert sorted(c["partition_id"] for c in json.loads((out / "clients.json").read_text())) == [0, 1, 2, 3, 4]
 
 
-def test_a_set_num_clients_that_disagrees_stops_the_run_before_training(tmp_path, blobs_dataset):
-    with pytest.raises(RuntimeError, match="num-partitions=3 but num-clients=4"):
-        run_inprocess(server_app, client_app, 3, config(tmp_path, blobs_dataset, **{"num-clients": 4}))
+@pytest.mark.parametrize(("num_clients", "nodes"), [(4, 3), (2, 3)])
+def test_a_set_num_clients_that_disagrees_stops_the_run_before_training(tmp_path, blobs_dataset, num_clients, nodes):
+    with pytest.raises(ConfigError, match=f"num-clients={num_clients} but the federation has num-partitions={nodes}"):
+        run_inprocess(server_app, client_app, nodes, config(tmp_path, blobs_dataset, **{"num-clients": num_clients}))
     assert not (tmp_path / "run").exists()  # nothing was written, nothing trained
 
 
-def _plain_client_app() -> ClientApp:
-    """A drop-in client that does not check num-clients (it reads no run config)."""
+def _node_client_app(built: list[int]) -> ClientApp:
+    """The app's node client around a plain FedAvg client; ``built`` counts the clients built."""
     x, y = torch.randn(12, 5), torch.arange(12) % 3
     data = LocalData(train=DataLoader(TensorDataset(x, y), batch_size=4), test=DataLoader(TensorDataset(x, y), batch_size=4))
-    return ClientApp(client_fn=lambda context: FedAvgClient(context, tiny_model(), data).to_client())
+
+    def build(context: Context) -> FedAvgClient:
+        built.append(int(context.node_config["partition-id"]))
+        return FedAvgClient(context, tiny_model(), data)
+
+    return ClientApp(client_fn=lambda context: NodeClient(context, build).to_client())
 
 
-def test_the_server_checks_num_clients_against_the_nodes():
-    grid = InProcessGrid(_plain_client_app(), 5, {})
+def test_the_server_asks_a_node_for_the_federations_size_without_building_a_client():
+    built: list[int] = []
+    grid = InProcessGrid(_node_client_app(built), 5, {})
     assert resolve_num_clients(grid, 0, 1.0) == 5
     assert resolve_num_clients(grid, 5, 1.0) == 5
     with pytest.raises(ConfigError, match="num-clients=4 but the federation has num-partitions=5"):
         resolve_num_clients(grid, 4, 1.0)
+    assert built == []  # answered from the node config alone
+    assert ask_a_node(grid, {}, 1.0) == {"partition_id": 0} and built == [0]  # other queries: the client's
+
+
+def test_a_node_without_num_partitions_is_reported():
+    grid = InProcessGrid(_node_client_app([]), 2, {})
+    for context in grid.contexts.values():
+        context.node_config = {"partition-id": context.node_config["partition-id"]}
+    with pytest.raises(RuntimeError, match="without num-partitions; start SuperNodes with --node-config"):
+        resolve_num_clients(grid, 0, 1.0)
 
 
 def test_the_server_waits_for_a_node_then_gives_up_with_a_message():
     with pytest.raises(RuntimeError, match="no node connected within 0 s"):
-        wait_for_nodes(InProcessGrid(_plain_client_app(), 0, {}), 0.3)
+        wait_for_nodes(InProcessGrid(_node_client_app([]), 0, {}), 0.3)
 
 
 @pytest.mark.slow
