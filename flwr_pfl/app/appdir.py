@@ -5,6 +5,8 @@ One file holds the app's default run config (``[tool.flwr.app.config]``): the re
 carries a copy of it, put into the package at build time (``force-include`` in
 ``pyproject.toml``), in ``flwr_pfl/app/flower_app/``; that directory is a complete Flower App
 whose components import the installed package, so ``flwr run`` can run it from anywhere.
+(An editable install gets the copy too, in site-packages beside the import hook; unused there,
+since the checkout is found first.)
 """
 
 from __future__ import annotations

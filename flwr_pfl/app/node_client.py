@@ -1,7 +1,7 @@
 """The app's client on a node: the configured algorithm's client, built when a message needs it.
 
 The ClientApp's ``client_fn`` returns a :class:`NodeClient` for every message. It answers the
-server's federation-size query (:data:`~flwr_pfl.app.nodes.FEDERATION_QUERY`) from the node config
+server's federation-size query (:data:`~flwr_pfl.clients.base.FEDERATION_QUERY`) from the node config
 alone, with no data loaded and no model built, so that the answer costs nothing and does not
 depend on this node's data; a ``num-clients`` that disagrees is then reported by the server. Every
 other message goes to the algorithm's client, built on first use; on the evaluate message of the
@@ -16,8 +16,7 @@ from flwr.app import Context
 from flwr.client import NumPyClient
 
 from flwr_pfl.app.export import EXPORT_KEY, write_client_export
-from flwr_pfl.app.nodes import FEDERATION_QUERY, federation_answer
-from flwr_pfl.clients.base import Config, NDArrays, PFLClient
+from flwr_pfl.clients.base import FEDERATION_QUERY, Config, NDArrays, PFLClient, federation_answer
 
 
 class NodeClient(NumPyClient):

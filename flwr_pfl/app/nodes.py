@@ -1,38 +1,29 @@
 """Questions the ServerApp asks a connected node outside the strategy's rounds.
 
-Two facts the server cannot know by itself come from the clients, through the same
-``get_properties`` exchange the strategies use (:meth:`flwr_pfl.clients.base.PFLClient.get_properties`):
-the federation's size (each node knows ``num-partitions`` from its node config), which
-``num-clients = 0`` stands for and a set ``num-clients`` must equal, and the names of the arrays on the wire, for the model export
-(:mod:`flwr_pfl.app.export`). A node is asked only after it has registered: in Flower's simulation
-the ServerApp starts while the engine is still registering the simulated nodes, and in a deployment
-nodes connect when they are started.
+Two facts the server cannot know by itself come from the nodes, through the ``get_properties``
+exchange the strategies use: the federation's size, which ``num-clients = 0`` stands for and a
+set ``num-clients`` must equal (each node knows ``num-partitions`` from its node config; every
+suite client answers :data:`~flwr_pfl.clients.base.FEDERATION_QUERY`, the app's
+:class:`~flwr_pfl.app.node_client.NodeClient` without even building one); and the names of the
+arrays on the wire, for the model export (:mod:`flwr_pfl.app.export`). A node is asked only after
+it has registered: in Flower's simulation the ServerApp starts while the engine is still
+registering the simulated nodes, and in a deployment nodes connect when they are started.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from logging import WARNING
-from typing import Any
 
 from flwr.common import GetPropertiesIns, log
 from flwr.server.compat.grid_client_proxy import GridClientProxy
 from flwr.serverapp import Grid
 
-from flwr_pfl.clients.base import Config
+from flwr_pfl.clients.base import FEDERATION_QUERY, NUM_PARTITIONS, Config
 from flwr_pfl.errors import ConfigError
 
 #: seconds between two looks for registered nodes
 POLL_SECONDS = 0.2
-#: ``get_properties`` query for the federation's size, and the answer's key
-FEDERATION_QUERY = {"query": "federation-size"}
-NUM_PARTITIONS = "num_partitions"
-
-
-def federation_answer(node_config: Mapping[str, Any]) -> Config:
-    """A node's answer to :data:`FEDERATION_QUERY`: its ``num-partitions`` (0 when unset)."""
-    return {NUM_PARTITIONS: int(node_config.get("num-partitions", 0))}
 
 
 def wait_for_nodes(grid: Grid, timeout: float) -> list[int]:
@@ -72,34 +63,38 @@ def ask_a_node(grid: Grid, config: Config, timeout: float) -> Config:
     raise RuntimeError(f"no node answered the server's query {config}: " + "; ".join(errors))
 
 
-def federation_size(grid: Grid, timeout: float) -> int:
+def federation_size(grid: Grid, timeout: float) -> int | None:
     """The number of partitions the federation's nodes were configured with (their
-    ``num-partitions``), asked of one node.
+    ``num-partitions``), asked of one node; None when it does not say (a client from outside
+    the suite, or a node config without ``num-partitions``).
 
     Raises:
-        RuntimeError: no node answered, or the answer holds no positive ``num_partitions``.
+        RuntimeError: no node answered.
     """
     answer = ask_a_node(grid, FEDERATION_QUERY, timeout)
     try:
         size = int(answer[NUM_PARTITIONS])
     except (KeyError, TypeError, ValueError):
-        size = 0
-    if size < 1:
-        raise RuntimeError(
-            f"the federation's size is unknown: a node answered {answer}, without num-partitions; start "
-            "SuperNodes with --node-config \"partition-id=<i> num-partitions=<n>\""
-        )
-    return size
+        return None
+    return size if size > 0 else None
 
 
 def resolve_num_clients(grid: Grid, num_clients: int, timeout: float) -> int:
-    """``num-clients`` checked against the federation's size, or that size when it is 0.
+    """``num-clients`` checked against the federation's size, or that size when it is 0. A set
+    ``num-clients`` is taken as it is when the nodes do not say their size.
 
     Raises:
         ConfigError: ``num_clients`` > 0 differs from the nodes' ``num-partitions``.
-        RuntimeError: no node answered (see :func:`federation_size`).
+        RuntimeError: no node answered, or ``num_clients`` is 0 and the nodes do not say their size.
     """
     size = federation_size(grid, timeout)
+    if size is None:
+        if num_clients:
+            return num_clients
+        raise RuntimeError(
+            "num-clients=0 (the federation's size) but a node does not say its num-partitions; start "
+            "SuperNodes with --node-config \"partition-id=<i> num-partitions=<n>\", or set num-clients"
+        )
     if num_clients and num_clients != size:
         raise ConfigError(
             f"num-clients={num_clients} but the federation has num-partitions={size} (in simulation: "

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -43,9 +43,18 @@ NDArrays = list[np.ndarray]
 Config = dict[str, bool | bytes | float | int | str]
 Reply = TypeVar("Reply")
 
+#: ``get_properties`` query for the federation's size, and the answer's key
+FEDERATION_QUERY = {"query": "federation-size"}
+NUM_PARTITIONS = "num_partitions"
 #: ``get_properties`` query for the wire layout, and the answer's key (see PFLClient.wire_layout)
 WIRE_LAYOUT_QUERY = {"query": "wire-layout"}
 WIRE_LAYOUT = "wire_layout"
+
+
+def federation_answer(node_config: Mapping[str, Any]) -> Config:
+    """The answer to :data:`FEDERATION_QUERY`: the node config's ``num-partitions``, the
+    federation's size (0 when the node config does not say)."""
+    return {NUM_PARTITIONS: int(node_config.get("num-partitions", 0))}
 #: separates an algorithm's name from a wire array's name when the array is not a model tensor
 EXTRA_SEPARATOR = ":"
 
@@ -174,10 +183,13 @@ class PFLClient(NumPyClient):
     # ---------------------------------------------------------------- wire
     def get_properties(self, config: Config) -> Config:
         """The partition id, by which the strategy samples and orders clients
-        (:mod:`flwr_pfl.strategies.sampling`); asked with :data:`WIRE_LAYOUT_QUERY`, also
+        (:mod:`flwr_pfl.strategies.sampling`); asked with :data:`FEDERATION_QUERY`, also the
+        federation's size (:func:`federation_answer`), and with :data:`WIRE_LAYOUT_QUERY`,
         :meth:`wire_layout` as JSON (key :data:`WIRE_LAYOUT`)."""
         properties: Config = {"partition_id": self.partition_id}
-        if config.get("query") == WIRE_LAYOUT_QUERY["query"]:
+        if config.get("query") == FEDERATION_QUERY["query"]:
+            properties |= federation_answer(self.context.node_config)
+        elif config.get("query") == WIRE_LAYOUT_QUERY["query"]:
             properties[WIRE_LAYOUT] = json.dumps(self.wire_layout())
         return properties
 

@@ -94,12 +94,23 @@ def test_the_server_asks_a_node_for_the_federations_size_without_building_a_clie
     assert ask_a_node(grid, {}, 1.0) == {"partition_id": 0} and built == [0]  # other queries: the client's
 
 
+def test_a_suite_client_outside_the_app_answers_the_federations_size_too():
+    x, y = torch.randn(12, 5), torch.arange(12) % 3
+    data = LocalData(train=DataLoader(TensorDataset(x, y), batch_size=4), test=DataLoader(TensorDataset(x, y), batch_size=4))
+    app = ClientApp(client_fn=lambda context: FedAvgClient(context, tiny_model(), data).to_client())
+    grid = InProcessGrid(app, 3, {})
+    assert resolve_num_clients(grid, 0, 1.0) == 3
+    with pytest.raises(ConfigError, match="num-clients=2 but the federation has num-partitions=3"):
+        resolve_num_clients(grid, 2, 1.0)
+
+
 def test_a_node_without_num_partitions_is_reported():
     grid = InProcessGrid(_node_client_app([]), 2, {})
     for context in grid.contexts.values():
         context.node_config = {"partition-id": context.node_config["partition-id"]}
-    with pytest.raises(RuntimeError, match="without num-partitions; start SuperNodes with --node-config"):
+    with pytest.raises(RuntimeError, match="num-clients=0 .* does not say its num-partitions; start SuperNodes"):
         resolve_num_clients(grid, 0, 1.0)
+    assert resolve_num_clients(grid, 2, 1.0) == 2  # a set num-clients has nothing to be checked against
 
 
 def test_the_server_waits_for_a_node_then_gives_up_with_a_message():
