@@ -27,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from flwr_pfl.app.appdir import BUNDLED_APP, app_dir, default_run_config
@@ -101,14 +102,32 @@ def federation_size(num_clients: int, num_supernodes: int | None) -> int:
     return num_supernodes if num_supernodes is not None else SIMULATED_CLIENTS
 
 
-def stop_superlink(flwr_home: Path) -> None:
-    """Stop the SuperLink (and its SuperExec) that ``flwr run`` started under ``flwr_home``."""
+def stop_superlink(flwr_home: Path, timeout: float = 15.0) -> None:
+    """Stop the SuperLink (and its SuperExec) that ``flwr run`` started under ``flwr_home``, and
+    wait up to ``timeout`` seconds for it to exit: until then it holds its port, and the next
+    ``flwr`` command on that port would use it instead of starting its own."""
     result = subprocess.run(["pgrep", "-f", f"flower-superlink.*{flwr_home}"], capture_output=True, text=True)
-    for pid in result.stdout.split():
+    pids = [int(pid) for pid in result.stdout.split()]
+    for pid in pids:
         try:
-            os.kill(int(pid), signal.SIGTERM)
+            os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
+    deadline = time.monotonic() + timeout
+    while pids and time.monotonic() < deadline:
+        pids = [pid for pid in pids if _alive(pid)]
+        if pids:
+            time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, someone else's
+        return True
+    return True
 
 
 def last_run_status(env: dict[str, str], flwr: Path | str = "flwr") -> str:
