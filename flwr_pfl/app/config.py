@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,10 @@ from flwr_pfl.errors import ConfigError
 from flwr_pfl.models import MODEL_NAMES
 from flwr_pfl.training.optim import OptimizerConfig
 
+#: clients that the suite's own tools simulate (the launcher's federation, compare's in-process
+#: runs) when ``num-clients`` is 0, the federation's size, and so leaves the number to them
+SIMULATED_CLIENTS = 10
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -32,8 +36,10 @@ class RunConfig:
     Attributes:
         algorithm: a registered algorithm name (see ``flwr_pfl.app.registry``).
         num_server_rounds: communication rounds.
-        num_clients: clients in the federation; in simulation it must equal the
-            federation's ``num-supernodes``.
+        num_clients: clients in the federation; 0 (the default) means the federation's size:
+            each client takes ``num-partitions`` from its node config and the server asks a
+            connected node for it. A value > 0 must equal the federation's size (in simulation
+            ``num-supernodes``); clients refuse a federation of another size.
         fraction_fit / fraction_evaluate: fraction of clients sampled per round.
         local_epochs, batch_size, optimizer, learning_rate, momentum, weight_decay: local training.
             ``optimizer`` is any ``torch.optim`` optimizer name, any case (sgd, adam, adamw,
@@ -66,7 +72,7 @@ class RunConfig:
 
     algorithm: str = "fedavg"
     num_server_rounds: int = 5
-    num_clients: int = 10
+    num_clients: int = 0
     fraction_fit: float = 1.0
     fraction_evaluate: float = 1.0
     local_epochs: int = 1
@@ -94,7 +100,7 @@ class RunConfig:
         get_algorithm(self.algorithm)
         for key, value, low in (
             ("num-server-rounds", self.num_server_rounds, 1),
-            ("num-clients", self.num_clients, 1),
+            ("num-clients", self.num_clients, 0),
             ("local-epochs", self.local_epochs, 0),
             ("batch-size", self.batch_size, 1),
             ("feature-dim", self.feature_dim, 0),
@@ -105,7 +111,7 @@ class RunConfig:
         for key, value in (("fraction-fit", self.fraction_fit), ("fraction-evaluate", self.fraction_evaluate)):
             if not 0.0 <= value <= 1.0:
                 raise ConfigError(f"{key}={value} is out of range; must be in [0, 1]")
-        if self.fraction_fit * self.num_clients < 1 and self.fraction_fit > 0:
+        if self.num_clients and self.fraction_fit * self.num_clients < 1 and self.fraction_fit > 0:
             raise ConfigError(
                 f"fraction-fit={self.fraction_fit} samples no client out of num-clients={self.num_clients}"
             )
@@ -113,7 +119,9 @@ class RunConfig:
             raise ConfigError(f"model={self.model!r} is unknown; allowed: {', '.join(MODEL_NAMES)}")
         if self.wait_timeout <= 0:
             raise ConfigError(f"wait-timeout={self.wait_timeout} must be > 0 seconds")
-        if not 0 <= self.min_clients <= self.num_clients:
+        # with num-clients = 0 (the federation's size, resolved at the run's start) the bound
+        # is checked again once the size is known (with_num_clients)
+        if self.min_clients < 0 or (self.num_clients and self.min_clients > self.num_clients):
             raise ConfigError(
                 f"min-clients={self.min_clients} is out of range; must be in [0, num-clients={self.num_clients}] "
                 "(0 = num-clients: wait for the whole federation)"
@@ -145,6 +153,10 @@ class RunConfig:
             scheduler_options=parse_options("lr-scheduler-options", self.lr_scheduler_options),
         )
 
+    def output_root(self) -> Path:
+        """``output-dir`` with ``~`` expanded, absolute: the parent of every run's directory."""
+        return Path(os.path.expanduser(self.output_dir)).resolve()
+
 
 @dataclass(frozen=True)
 class Experiment:
@@ -157,6 +169,11 @@ class Experiment:
     @property
     def algorithm(self):
         return get_algorithm(self.run.algorithm)
+
+    def with_num_clients(self, num_clients: int) -> Experiment:
+        """This experiment on a federation of ``num_clients`` (``num-clients = 0`` resolved),
+        validated again (e.g. ``fraction-fit`` must sample at least one of them)."""
+        return replace(self, run=replace(self.run, num_clients=num_clients))
 
     @property
     def train_config(self) -> TrainConfig:
@@ -173,7 +190,7 @@ class Experiment:
         name = self.run.run_name or (
             f"{self.run.algorithm}-{self.data.dataset}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
         )
-        return Path(os.path.expanduser(self.run.output_dir)).resolve() / name
+        return self.run.output_root() / name
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved configuration as flat run-config keys (written with every run)."""

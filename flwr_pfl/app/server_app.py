@@ -13,6 +13,8 @@ from flwr.server.compat import start_grid
 from flwr.serverapp import Grid, ServerApp
 
 from flwr_pfl.app.config import Experiment, parse_experiment
+from flwr_pfl.app.export import export_global_model, request_client_exports
+from flwr_pfl.app.nodes import resolve_num_clients
 from flwr_pfl.app.results import ResultsWriter
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.strategies.base import PFLStrategy
@@ -51,6 +53,9 @@ def load_checkpoint(strategy: PFLStrategy, path: Path) -> int:
 def run_server(grid: Grid, context: Context) -> ResultsWriter:
     """Run one experiment on ``grid`` and return its results writer."""
     experiment = parse_experiment(context.run_config)  # stops here on a bad key or value
+    # num-clients = 0 is the federation's size; a set value must equal it
+    num_clients = resolve_num_clients(grid, experiment.run.num_clients, experiment.run.wait_timeout)
+    experiment = experiment.with_num_clients(num_clients)
     seed_everything(experiment.run.seed)
     # The server's own tensor work (FEDORA's propagation GEMM, FedDAR-SA's solves) uses the
     # clients' thread count: a matrix product's rounding depends on how it is split across
@@ -64,6 +69,7 @@ def run_server(grid: Grid, context: Context) -> ResultsWriter:
     writer = ResultsWriter(output, experiment.to_dict())
     strategy = build_strategy(experiment, writer)
     writer.state_fn = strategy.state_dict
+    request_client_exports(strategy, output)
     rounds = experiment.run.num_server_rounds
     if resumed:
         done = load_checkpoint(strategy, checkpoint)
@@ -73,6 +79,7 @@ def run_server(grid: Grid, context: Context) -> ResultsWriter:
     if rounds > 0:
         start_grid(grid=grid, strategy=strategy, config=ServerConfig(num_rounds=rounds, round_timeout=experiment.run.round_timeout_seconds))
     writer.finish()
+    export_global_model(grid, strategy, output, experiment.run.wait_timeout)
     return writer
 
 

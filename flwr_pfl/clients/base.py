@@ -10,12 +10,14 @@ rounds: the simulation engine builds a new client object for every message.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+import json
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
+import torch
 from flwr.app import Context
 from flwr.client import NumPyClient
 from torch.utils.data import DataLoader
@@ -29,6 +31,7 @@ from flwr_pfl.training import (
     TrainStats,
     evaluate,
     get_arrays,
+    group_keys,
     load_arrays,
     resolve_device,
     save_arrays,
@@ -45,6 +48,23 @@ Reply = TypeVar("Reply")
 #: fit / evaluate config key of the round's learning rate (a strategy's ``on_fit_config_fn`` or
 #: ``on_evaluate_config_fn`` sends it; the same name as the run-config key)
 LEARNING_RATE_KEY = "learning-rate"
+
+#: ``get_properties`` query for the federation's size, and the answer's key
+FEDERATION_QUERY = {"query": "federation-size"}
+NUM_PARTITIONS = "num_partitions"
+#: ``get_properties`` query for the wire layout, and the answer's key (see PFLClient.wire_layout)
+WIRE_LAYOUT_QUERY = {"query": "wire-layout"}
+WIRE_LAYOUT = "wire_layout"
+
+
+def federation_answer(node_config: Mapping[str, Any]) -> Config:
+    """The answer to :data:`FEDERATION_QUERY`: the node config's ``num-partitions``, the
+    federation's size (0 when the node config does not say)."""
+    return {NUM_PARTITIONS: int(node_config.get("num-partitions", 0))}
+
+
+#: separates an algorithm's name from a wire array's name when the array is not a model tensor
+EXTRA_SEPARATOR = ":"
 
 
 def seeded_message(handler: Callable[..., Reply]) -> Callable[..., Reply]:
@@ -190,11 +210,47 @@ class PFLClient(NumPyClient):
     # ---------------------------------------------------------------- wire
     def get_properties(self, config: Config) -> Config:
         """The partition id, by which the strategy samples and orders clients
-        (:mod:`flwr_pfl.strategies.sampling`)."""
-        return {"partition_id": self.partition_id}
+        (:mod:`flwr_pfl.strategies.sampling`); asked with :data:`FEDERATION_QUERY`, also the
+        federation's size (:func:`federation_answer`), and with :data:`WIRE_LAYOUT_QUERY`,
+        :meth:`wire_layout` as JSON (key :data:`WIRE_LAYOUT`)."""
+        properties: Config = {"partition_id": self.partition_id}
+        if config.get("query") == FEDERATION_QUERY["query"]:
+            properties |= federation_answer(self.context.node_config)
+        elif config.get("query") == WIRE_LAYOUT_QUERY["query"]:
+            properties[WIRE_LAYOUT] = json.dumps(self.wire_layout())
+        return properties
 
     def get_parameters(self, config: Config) -> NDArrays:
         return [] if self.shared_group is None else get_arrays(self.model, self.shared_group)
+
+    def wire_names(self) -> list[str]:
+        """The names of the arrays :meth:`get_parameters` returns (the global arrays' layout), in
+        order: the model's ``state_dict`` keys of ``shared_group``. An array that is not a model
+        tensor is named ``<algorithm>:<what>`` (:data:`EXTRA_SEPARATOR`)."""
+        return [] if self.shared_group is None else group_keys(self.model, self.shared_group)
+
+    def wire_layout(self) -> list[tuple[str, list[int]]]:
+        """``(name, shape)`` of every array :meth:`get_parameters` returns: how the server names
+        the final global arrays when it exports them (:mod:`flwr_pfl.app.export`).
+
+        Raises:
+            ValueError: :meth:`wire_names` and :meth:`get_parameters` disagree in length.
+        """
+        names, arrays = self.wire_names(), self.get_parameters({})
+        if len(names) != len(arrays):
+            raise ValueError(f"{type(self).__name__} names {len(names)} wire arrays but sends {len(arrays)}")
+        return [(name, list(array.shape)) for name, array in zip(names, arrays)]
+
+    def personal_state(self) -> dict[str, torch.Tensor]:
+        """This client's own part of its personalized model as the last message left it, by
+        ``state_dict`` name (CPU copies); empty when nothing is personal. Default: the
+        ``personal_group`` (the part kept in ``context.state``)."""
+        return {} if self.personal_group is None else self.group_state(self.personal_group)
+
+    def group_state(self, group: str) -> dict[str, torch.Tensor]:
+        """CPU copies of the model's tensors in ``group``, by ``state_dict`` name."""
+        state = self.model.state_dict()
+        return {key: state[key].detach().cpu().clone() for key in group_keys(self.model, group)}
 
     def receive(self, parameters: NDArrays) -> None:
         """Load the server's arrays into the shared group (the personal part stays)."""

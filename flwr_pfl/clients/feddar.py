@@ -243,6 +243,10 @@ class SeparateFedAvgClient(DomainAwareClient):
     def get_parameters(self, config: Config) -> NDArrays:
         return [a for model in self.models for a in get_arrays(model, "all")]
 
+    def wire_names(self) -> list[str]:
+        """Model m's ``state_dict`` keys prefixed ``models.<m>.``, for m = 0 .. M-1."""
+        return [f"models.{m}.{key}" for m, model in enumerate(self.models) for key in model.state_dict()]
+
     def receive(self, parameters: NDArrays) -> None:
         per_model = len(parameters) // self.num_domains
         for m, model in enumerate(self.models):

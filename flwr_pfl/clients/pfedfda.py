@@ -21,7 +21,7 @@ from flwr.app import Context
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from flwr_pfl.clients.base import Config, LocalData, PFLClient, TrainConfig, seeded_message
+from flwr_pfl.clients.base import EXTRA_SEPARATOR, Config, LocalData, PFLClient, TrainConfig, seeded_message
 from flwr_pfl.core.pfedfda import (
     BetaResult,
     BetaStatus,
@@ -164,6 +164,15 @@ class PFedFDAClient(PFLClient):
         set_arrays(self.model, backbone, "body")
         self.global_means = torch.as_tensor(mu, dtype=torch.float32, device=self.device)
         self.global_cov = torch.as_tensor(sigma, dtype=torch.float32, device=self.device)
+
+    def wire_names(self) -> list[str]:
+        """The backbone's ``state_dict`` keys, then the global statistics (not model tensors)."""
+        return [*super().wire_names(), f"pfedfda{EXTRA_SEPARATOR}means", f"pfedfda{EXTRA_SEPARATOR}covariance"]
+
+    def personal_state(self) -> dict[str, torch.Tensor]:
+        """The personalized LDA head written by the last evaluation (Eq. 4 with this client's
+        beta and priors); with the global backbone it is this client's model."""
+        return self.group_state("heads")
 
     # ---------------------------------------------------------------- helpers
     def _train_labels_and_domain(self) -> tuple[torch.Tensor, int]:

@@ -120,6 +120,12 @@ class PFLStrategy(FedAvg):
     needs_partition_ids: bool = False
     #: FedAvg hooks this algorithm cannot honour -> why (refused when set, with the reason)
     refused_hooks: ClassVar[dict[str, str]] = {}
+    #: whether the final global arrays are a model worth exporting (FEDORA's are not: each
+    #: client has its own model and the global arrays stay the unused initial ones)
+    has_global_model: bool = True
+    #: scalars added to the evaluate instructions of the run's last round (needs ``num_rounds``);
+    #: the app asks clients to export their personalized models this way
+    last_round_config: dict[str, Scalar] = {}
 
     def __init__(
         self,
@@ -332,9 +338,12 @@ class PFLStrategy(FedAvg):
 
     def evaluate_config(self, server_round: int, protocol: Mapping[str, Scalar] | None = None) -> dict[str, Scalar]:
         """An evaluate instruction's config: ``on_evaluate_config_fn``'s dict, then
-        ``server-round`` and the algorithm's ``protocol`` keys."""
+        ``server-round``, ``last_round_config`` in the run's last round, and the algorithm's
+        ``protocol`` keys."""
         user = self._round_config("on_evaluate_config_fn", server_round)
-        own = {"server-round": self.round_offset + server_round, **(protocol or {})}
+        current = self.round_offset + server_round
+        last = bool(self.num_rounds) and current >= self.num_rounds
+        own = {"server-round": current, **(self.last_round_config if last else {}), **(protocol or {})}
         return hooks.merge_config(type(self).__name__, "on_evaluate_config_fn", user, own)
 
     def fit_instructions(

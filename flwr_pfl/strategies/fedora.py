@@ -139,6 +139,7 @@ class FEDORA(PFLStrategy):
         "evaluate_fn": "FEDORA has no global model to evaluate on the server: each client k trains its own "
         "theta_k from its auxiliary model theta_hat_k (evaluate them with the clients' evaluation)",
     }
+    has_global_model = False  # each client its own model; the global arrays stay the initial ones
 
     def __init__(
         self,
