@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -80,11 +80,13 @@ class Fleet:
                                         "--disable-runtime-dependency-installation", "--port", str(self.superlink_port)])
         wait_for_port(self.superlink_port, proc)
 
-    def supernode_args(self, i: int, *extra: str) -> list[str]:
+    def supernode_args(self, i: int, *extra: str, partition_id: int | None = None) -> list[str]:
+        """Node ``i`` (its own ``--port``) serving ``partition_id`` (default ``i``)."""
+        partition = i if partition_id is None else partition_id
         return [
             str(BIN / "flower-supernode"), *self.supernode_security, *extra,
             "--superlink", f"127.0.0.1:{self.superlink_port}",
-            "--port", str(self.node_ports[i]), "--node-config", f"partition-id={i} num-partitions={self.num_partitions}",
+            "--port", str(self.node_ports[i]), "--node-config", f"partition-id={partition} num-partitions={self.num_partitions}",
         ]
 
     def start_supernode(self, i: int, *extra: str) -> None:
@@ -140,9 +142,22 @@ class Fleet:
 
 
 @pytest.fixture
-def fleet(tmp_path) -> Iterator[Fleet]:
-    f = Fleet(tmp_path)
+def make_fleet(tmp_path) -> Iterator[Callable[..., Fleet]]:
+    """``make_fleet(num_nodes=..., num_partitions=...)``: a Fleet in ``tmp_path``, stopped at the end."""
+    made: list[Fleet] = []
+
+    def make(num_nodes: int = 3, num_partitions: int | None = None) -> Fleet:
+        made.append(Fleet(tmp_path, num_nodes, num_partitions))
+        return made[-1]
+
     try:
-        yield f
+        yield make
     finally:
-        f.stop_all()
+        for f in made:
+            f.stop_all()
+
+
+@pytest.fixture
+def fleet(make_fleet) -> Fleet:
+    """Three SuperNodes, three partitions."""
+    return make_fleet()
