@@ -130,7 +130,7 @@ def test_tls_with_supernode_authentication_runs_registered_nodes_and_refuses_the
     )
     submitted = fleet.flwr("run", ".", "fleet-tls", "--run-config", overrides)
     assert submitted.returncode == 0 and "Successfully started run" in submitted.stdout, submitted.stdout + submitted.stderr
-    status = fleet.wait_for_run("fleet-tls", timeout=150)
+    status = fleet.wait_for_run("fleet-tls", timeout=300)
     assert status == "finished:completed", (status, fleet.logs())
     rows = json.loads((out / "run" / "metrics.json").read_text())
     assert [r["round"] for r in rows if r["phase"] == "evaluate"] == [1, 2]
@@ -139,4 +139,4 @@ def test_tls_with_supernode_authentication_runs_registered_nodes_and_refuses_the
     listed = fleet.flwr("supernode", "list", "fleet-tls", "--format", "json")
     assert listed.returncode == 0, listed.stdout + listed.stderr
     nodes = json.loads(listed.stdout[listed.stdout.index("{"):])["nodes"]
-    assert sorted(n["node_id"] for n in nodes) == sorted(node_ids), nodes
+    assert sorted(int(n["node-id"]) for n in nodes) == sorted(node_ids), nodes
