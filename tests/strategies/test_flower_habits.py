@@ -718,7 +718,7 @@ def test_the_app_gives_every_strategy_the_runs_rounds():
     from flwr_pfl.app.config import parse_experiment
     from flwr_pfl.app.server_app import build_strategy
 
-    strategy = build_strategy(parse_experiment({"algorithm": "pfedfda", "num-server-rounds": 7}))
+    strategy = build_strategy(parse_experiment({"algorithm": "pfedfda", "num-server-rounds": 7, "num-clients": 10}))
     assert isinstance(strategy, PFedFDA) and strategy.num_rounds == 7
 
 
