@@ -212,9 +212,9 @@ class HeadSplit(nn.Module):
         self._head_text = _describe(head)
         if num_heads > 1 and self.head_name is None:
             raise ConfigError(
-                f"{num_heads} heads are copies of the head module, but the head {self._head_text} "
-                f"is not one module of {type(model).__name__}; name one (modules: "
-                f"{_listing(module_names(model))})"
+                f"building {num_heads} heads as copies of the head needs the model's head as one "
+                f"module; the head {self._head_text} is not one module of {type(model).__name__}. "
+                f"Name one (head='<name>'; modules: {_listing(module_names(model))})"
             )
         user_head = model.get_submodule(self.head_name) if self.head_name is not None else None
         self.extra_heads = nn.ModuleList(copy.deepcopy(user_head) for _ in range(num_heads - 1))

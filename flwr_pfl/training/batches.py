@@ -141,13 +141,19 @@ def loader_like(
 ) -> DataLoader:
     """A new DataLoader over ``dataset`` (default: ``loader``'s) that collates batches as
     ``loader`` does (a user's ``collate_fn`` stays), with ``batch_size`` (default: ``loader``'s,
-    or 32). Shuffling draws from torch's global generator, as the clients' loaders do."""
+    or 32).
+
+    A shuffling loader draws from torch's global generator, as the clients' loaders do. An
+    unshuffled one gets a generator of its own: a DataLoader draws a seed each time it is
+    iterated, and a pass that only reads the data must leave the global random state alone.
+    """
     collate = {"collate_fn": loader.collate_fn} if loader.batch_sampler is not None else {}
     return DataLoader(
         loader.dataset if dataset is None else dataset,
         batch_size=batch_size or loader.batch_size or 32,
         shuffle=shuffle,
         drop_last=drop_last,
+        generator=None if shuffle else torch.Generator(),
         **collate,
     )
 
