@@ -54,16 +54,22 @@ def domain_mean_loss(task: Task, num_domains: int) -> LossFn:
 def with_auc(model: nn.Module, result: EvalResult, data, device: torch.device) -> EvalResult:
     """Add binary AUC to ``result`` for two-class tasks: ``auc`` on the client's test split (its
     across-client mean is the paper's "Client Avg") and ``auc_dom<m>`` per domain present with
-    both classes (client-level; summarised across clients, not pooled)."""
-    if data.task != "classification" or getattr(model, "num_outputs", 0) != 2:
+    both classes (client-level; summarised across clients, not pooled). Two classes are told
+    by the model's output width (a user's model need not declare its number of outputs)."""
+    if data.task != "classification":
         return result
     model.to(device).eval()
     scores, labels, domains = [], [], []
     for batch in data.test:
         x, y, d = read_batch(batch, device, data.batch_keys)
-        scores.append(torch.softmax(model(x, d), -1)[:, 1].cpu())
+        outputs = model(x, d)
+        if outputs.shape[1] != 2:
+            return result
+        scores.append(torch.softmax(outputs, -1)[:, 1].cpu())
         labels.append(y.cpu())
         domains.append(d.cpu())
+    if not scores:
+        return result
     s, y, d = torch.cat(scores).numpy(), torch.cat(labels).numpy(), torch.cat(domains).numpy()
     extra = {"auc": core.binary_auc(s, y)}
     for m in np.unique(d):
@@ -255,7 +261,6 @@ class _PerDomainModels(nn.Module):
     def __init__(self, models: list[EncoderHeadModel]) -> None:
         super().__init__()
         self.models = nn.ModuleList(models)
-        self.num_outputs = models[0].num_outputs
 
     def forward(self, x: torch.Tensor, domain: torch.Tensor) -> torch.Tensor:
         outputs = torch.stack([m(x) for m in self.models])

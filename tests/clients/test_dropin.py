@@ -19,7 +19,7 @@ from flwr_pfl.app.registry import ALGORITHMS
 from flwr_pfl.clients import LocalData, TrainConfig
 from flwr_pfl.core.pfedfda import split_wire
 from flwr_pfl.errors import ConfigError
-from flwr_pfl.models import HeadSplit
+from flwr_pfl.models import HeadSplit, split_model
 from flwr_pfl.training import BatchKeys, OptimizerConfig, get_arrays
 
 NUM_CLIENTS = 3
@@ -72,12 +72,12 @@ def _train_config() -> TrainConfig:
     return TrainConfig(batch_size=8, device="cpu", optimizer=OptimizerConfig(learning_rate=0.05), seed=1)
 
 
-def run(name: str, data=tuple_data, rounds: int = 2, head="fc3"):
+def run(name: str, data=tuple_data, rounds: int = 2, head="fc3", wrap=lambda net: net):
     """``rounds`` rounds of ``name`` on NUM_CLIENTS in-process clients, each built from a fresh
-    QuickNet with ``head``. Returns (server rows, grid, built clients as (net, initial state,
-    client)); a client that raised fails the test with its error."""
+    QuickNet (handed over as ``wrap(net)``) with ``head``. Returns (server rows, grid, built
+    clients as (net, initial state, client)); a client that raised fails the test with its error."""
     spec = ALGORITHMS[name]
-    options = dataclasses.replace(spec.options(), **OPTIONS[name])
+    options = dataclasses.replace(spec.options(), **OPTIONS.get(name, {}))
     rows, built, errors = [], [], []
 
     def client_fn(context: Context):
@@ -86,7 +86,7 @@ def run(name: str, data=tuple_data, rounds: int = 2, head="fc3"):
             net = QuickNet()
             initial = {k: v.clone() for k, v in net.state_dict().items()}
             pid = int(context.node_config["partition-id"])
-            client = spec.client(context, net, data(pid), _train_config(), head=head, **spec.client_kwargs(options))
+            client = spec.client(context, wrap(net), data(pid), _train_config(), head=head, **spec.client_kwargs(options))
         except Exception as err:  # pragma: no cover - reported below
             errors.append(err)
             raise
@@ -120,6 +120,20 @@ def test_a_plain_module_with_a_named_head_trains_in_process(name):
     for net, _, client in built:
         assert isinstance(client.model, HeadSplit) and client.model.module is net
         assert client.model.heads[0] is net.fc3  # the user's own head module, not a new one
+
+
+@pytest.mark.parametrize("name, head, wrap", [
+    ("fedavg", None, None), ("fedavg-rw", None, None), ("separate-fedavg", None, None),
+    ("fedavg-mh", None, lambda net: split_model(net, "fc3", num_heads=2)),
+])
+def test_baselines_train_a_plain_module_in_process(name, head, wrap):
+    """FedAvg and FedDAR's baselines move whole models: no head needed (FedAvg + multi-head
+    takes a model whose head was copied per domain with split_model)."""
+    rows, _, built = run(name, head=head, wrap=wrap or (lambda net: net))
+    assert not _failures(rows), _failures(rows)
+    assert {phase for _, phase, _, _ in rows} >= {"fit", "evaluate"}
+    for net, _, client in built:
+        assert client.model.module is net
 
 
 @pytest.mark.parametrize("name", sorted(OPTIONS))
