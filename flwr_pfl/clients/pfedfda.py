@@ -33,6 +33,7 @@ from flwr_pfl.core.pfedfda import (
     personalize,
     split_wire,
 )
+from flwr_pfl.errors import ConfigError
 from flwr_pfl.models.base import EncoderHeadModel
 from flwr_pfl.models.split import HeadSpec
 from flwr_pfl.training import (
@@ -87,12 +88,12 @@ def check_lda_head(model: nn.Module) -> None:
     """Refuse a model whose head cannot hold pFedFDA's LDA head, saying what was found.
 
     Raises:
-        ValueError: the model does not have one biased ``nn.Linear(feature_dim, num_outputs)``
+        ConfigError: the model does not have one biased ``nn.Linear(feature_dim, num_outputs)``
             head (see :func:`lda_head_problems`).
     """
     problems = lda_head_problems(model)
     if problems:
-        raise ValueError(
+        raise ConfigError(
             "pFedFDA needs one linear head with a bias on the representation, "
             "nn.Linear(feature_dim, num_outputs, bias=True), because it writes the LDA head "
             f"W z + b into it every round; this model has {'; '.join(problems)}. Name your model's "

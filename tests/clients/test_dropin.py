@@ -297,12 +297,12 @@ def test_pfedfda_refuses_a_head_that_is_not_a_linear_layer_with_a_bias():
             super().__init__()
             self.fc3 = torch.nn.Linear(12, 3, bias=False)
 
-    with pytest.raises(ValueError, match=r"pFedFDA needs one linear head with a bias.*a head without a bias"
+    with pytest.raises(ConfigError, match=r"pFedFDA needs one linear head with a bias.*a head without a bias"
                                          r".*head='fc3'"):
         ALGORITHMS["pfedfda"].client(_context(), NoBias(), tuple_data(0), _train_config(), head="fc3")
     net = QuickNet()
     net.fc3 = torch.nn.Sequential(torch.nn.Linear(12, 3))
-    with pytest.raises(ValueError, match=r"a head of type Sequential \(need torch.nn.Linear\)"):
+    with pytest.raises(ConfigError, match=r"a head of type Sequential \(need torch.nn.Linear\)"):
         ALGORITHMS["pfedfda"].client(_context(), net, tuple_data(0), _train_config(), head="fc3")
 
 
