@@ -1,10 +1,13 @@
 """The base of every client in the suite: unpack, train with the shared loop, pack.
 
-A client is a Flower NumPyClient around an encoder + heads model and the client's local data.
-Subclasses say which parameter group crosses the wire (``shared_group``), which one stays on
-the client between rounds (``personal_group``, kept in ``context.state``), and what a local
-update does (:meth:`PFLClient.local_update`). Nothing is kept in Python attributes across
-rounds: the simulation engine builds a new client object for every message.
+A client is a Flower NumPyClient around a model and the client's local data. The model is an
+:class:`~flwr_pfl.models.EncoderHeadModel`, or the user's own ``torch.nn.Module`` with its head
+named by ``head=`` (the client wraps it with :func:`~flwr_pfl.models.split_model`, keeping the
+user's modules and weights). Subclasses say which parameter group crosses the wire
+(``shared_group``), which one stays on the client between rounds (``personal_group``, kept in
+``context.state``), what they need of the head (``head_requirement``), and what a local update
+does (:meth:`PFLClient.local_update`). Nothing is kept in Python attributes across rounds: the
+simulation engine builds a new client object for every message.
 """
 
 from __future__ import annotations
@@ -20,12 +23,14 @@ import numpy as np
 import torch
 from flwr.app import Context
 from flwr.client import NumPyClient
+from torch import nn
 from torch.utils.data import DataLoader
 
 from flwr_pfl.data.types import ClientData, Task, no_training_samples
 from flwr_pfl.errors import ConfigError
-from flwr_pfl.models.base import EncoderHeadModel
+from flwr_pfl.models.split import HeadRequirement, HeadSpec, check_head, client_model
 from flwr_pfl.training import (
+    BatchKeys,
     EvalResult,
     OptimizerConfig,
     TrainStats,
@@ -33,6 +38,7 @@ from flwr_pfl.training import (
     get_arrays,
     group_keys,
     load_arrays,
+    num_samples,
     resolve_device,
     save_arrays,
     seeded,
@@ -126,10 +132,13 @@ def round_train_config(train_config: TrainConfig, config: Config, who: str = "")
 
 @dataclass(frozen=True)
 class LocalData:
-    """A client's data as DataLoaders of (x, y) or (x, y, domain) batches.
+    """A client's data as DataLoaders of (x, y) or (x, y, domain) batches, or of dicts.
 
     ``train`` shuffles; ``test`` is the client's own test split (personalized methods are
     evaluated on it); ``val`` is optional (used by algorithms that tune on validation data).
+    Dict batches (Hugging Face datasets, flwr-datasets partitions) are read with
+    ``batch_keys``; the default reads flwr-datasets' image datasets (``img`` or ``image``,
+    ``label`` or ``fine_label``, optional ``domain``).
     """
 
     train: DataLoader
@@ -137,6 +146,7 @@ class LocalData:
     val: DataLoader | None = None
     num_domains: int = 1
     task: Task = "classification"
+    batch_keys: BatchKeys = field(default_factory=BatchKeys)
 
     @classmethod
     def from_client_data(cls, data: ClientData, batch_size: int) -> LocalData:
@@ -166,26 +176,45 @@ class PFLClient(NumPyClient):
 
     Args:
         context: the node's Flower Context (its ``state`` holds the personal part).
-        model: an encoder + heads model (fresh; personal state is loaded into it here).
+        model: the model, fresh (personal state is loaded into it here): the user's own
+            ``torch.nn.Module`` with ``head`` naming its head, or a model already split into
+            body and head(s) (:class:`~flwr_pfl.models.EncoderHeadModel`, or
+            :func:`~flwr_pfl.models.split_model`'s :class:`~flwr_pfl.models.HeadSplit`).
         data: the client's loaders.
         train_config: local training settings.
+        head: the head of a user's model: a module name (``"fc3"``), the module itself, a list
+            of parameter-name prefixes or a predicate on parameter names (see
+            :class:`~flwr_pfl.models.HeadSplit`). The head module and its weights are kept as
+            they are. Algorithms that move the whole model (FedAvg, Local, fine-tuning,
+            FedGP/FedDA) need none; the others say so, with the model's module names, when it
+            is missing.
+
+    Raises:
+        ConfigError: the model lacks what the algorithm needs of its head
+            (``head_requirement``), or there are no training samples.
     """
 
     #: parameter group exchanged with the server (None: nothing is exchanged)
     shared_group: str | None = "all"
     #: parameter group kept on the client across rounds (None: nothing is kept)
     personal_group: str | None = None
+    #: what the algorithm needs of the model's head: "none", "parameters" (the parameter groups
+    #: ``body`` / ``heads``) or "module" (``features()``, ``head_outputs()``, ``heads``)
+    head_requirement: HeadRequirement = "none"
     PERSONAL_KEY = "personal"
 
     def __init__(
         self,
         context: Context,
-        model: EncoderHeadModel,
+        model: nn.Module,
         data: LocalData,
         train_config: TrainConfig | None = None,
+        *,
+        head: HeadSpec | None = None,
     ) -> None:
         self.context = context
-        self.model = model
+        self.model = client_model(model, head, num_heads=self.heads_for(data))
+        check_head(self.model, self.head_requirement, type(self).__name__)
         self.data = data
         self.train_config = train_config or TrainConfig()
         self.device = resolve_device(self.train_config.device)
@@ -196,15 +225,16 @@ class PFLClient(NumPyClient):
             if personal is not None:
                 set_arrays(self.model, personal, self.personal_group)
 
+    @classmethod
+    def heads_for(cls, data: LocalData) -> int:
+        """Heads the algorithm builds from a user's named head (copies of it): 1 by default."""
+        return 1
+
     def check_training_data(self) -> None:
         """Refuse an empty training set here, once for every algorithm, with a message naming
         the partition (each algorithm would otherwise fail later with an unrelated error, or
-        silently report zero examples). Loaders without a length are not checked."""
-        try:
-            size = len(self.data.train.dataset)  # type: ignore[arg-type]
-        except TypeError:
-            return
-        if size == 0:
+        silently report zero examples), and a dataset without a length (:func:`num_samples`)."""
+        if num_samples(self.data.train) == 0:
             raise no_training_samples(self.who, " (its training loader is empty)")
 
     # ---------------------------------------------------------------- wire
@@ -296,6 +326,7 @@ class PFLClient(NumPyClient):
             groups=groups,
             task=self.data.task,
             who=kwargs.pop("who", self.who),
+            keys=self.data.batch_keys,
             **kwargs,
         )
 
@@ -309,7 +340,8 @@ class PFLClient(NumPyClient):
         return self.evaluate_on(self.data.test)
 
     def evaluate_on(self, loader: DataLoader) -> EvalResult:
-        return evaluate(self.model, loader, device=self.device, task=self.data.task, num_domains=self.data.num_domains)
+        return evaluate(self.model, loader, device=self.device, task=self.data.task,
+                        num_domains=self.data.num_domains, keys=self.data.batch_keys)
 
     # ---------------------------------------------------------------- NumPyClient
     @seeded_message
@@ -317,7 +349,7 @@ class PFLClient(NumPyClient):
         self.receive(parameters)
         metrics = self.local_update(config)
         self.keep_personal()
-        num_examples = len(self.data.train.dataset)  # type: ignore[arg-type]
+        num_examples = num_samples(self.data.train)
         return self.get_parameters(config), num_examples, {**metrics, "partition_id": self.partition_id}
 
     @seeded_message

@@ -11,7 +11,10 @@ from flwr_pfl.training import EvalResult
 
 
 class FedAvgClient(PFLClient):
-    """FedAvg: train the whole model locally, send it all back; evaluate the global model."""
+    """FedAvg: train the whole model locally, send it all back; evaluate the global model.
+
+    Any ``torch.nn.Module`` works as it is: ``FedAvgClient(context, Net(), data)``.
+    """
 
 
 class FinetuneClient(PFLClient):
@@ -21,7 +24,9 @@ class FinetuneClient(PFLClient):
     Evaluate metrics: the fine-tuned model's ``loss``/``accuracy`` and the global model's
     ``global_loss``/``global_accuracy`` side by side. Nothing of the fine-tuned copy is kept
     across rounds; the last one evaluated is this client's personalized model
-    (:meth:`personal_state`).
+    (:meth:`personal_state`). Every parameter is fine-tuned, so any ``torch.nn.Module`` works as
+    it is (``FinetuneClient(context, Net(), data, finetune_epochs=2)``; ``head`` is accepted, not
+    needed).
     """
 
     finetune_epochs: int = 1
