@@ -42,10 +42,16 @@ class RunConfig:
         num_threads: torch CPU threads per client and for the server's tensor work (0 = torch's
             default); results are bit-identical across engines only at the same count.
         output_dir: where runs are written (``~`` expanded; made absolute).
-        run_name: sub-directory of the run; empty = ``<algorithm>-<dataset>-<timestamp>``.
+        run_name: sub-directory of the run (one path component: no separator, not ``.`` or
+            ``..``); empty = ``<algorithm>-<dataset>-<timestamp>``. A directory that already
+            holds a run is not overwritten: resume it or choose another name.
         wait_timeout: seconds the server waits for ``num_clients`` clients.
         resume: continue the run in ``output_dir/run_name`` from its ``checkpoint.npz``
-            (server state; client state lives on the clients); false starts afresh.
+            (server state; client state lives on the clients); false starts afresh. The
+            configuration must equal the checkpoint's except ``num_server_rounds`` (which may
+            grow) and ``checkpoint_interval``.
+        checkpoint_interval: write ``checkpoint.npz`` after every this many rounds, and always
+            after the last one.
     """
 
     algorithm: str = "fedavg"
@@ -68,6 +74,7 @@ class RunConfig:
     run_name: str = ""
     wait_timeout: float = 600.0
     resume: bool = False
+    checkpoint_interval: int = 1
 
     def __post_init__(self) -> None:
         get_algorithm(self.algorithm)
@@ -78,6 +85,7 @@ class RunConfig:
             ("batch-size", self.batch_size, 1),
             ("feature-dim", self.feature_dim, 0),
             ("num-threads", self.num_threads, 0),
+            ("checkpoint-interval", self.checkpoint_interval, 1),
         ):
             if value < low:
                 raise ConfigError(f"{key}={value} is out of range; must be >= {low}")
@@ -94,10 +102,26 @@ class RunConfig:
             raise ConfigError(f"wait-timeout={self.wait_timeout} must be > 0 seconds")
         if not self.output_dir:
             raise ConfigError("output-dir must not be empty")
+        check_run_name(self.run_name)
+        if self.resume and not self.run_name:
+            raise ConfigError("resume=true needs run-name: the name of the run to continue under output-dir")
         self.optimizer_config()  # validates optimizer, learning-rate, momentum, weight-decay
 
     def optimizer_config(self) -> OptimizerConfig:
         return OptimizerConfig(self.optimizer, self.learning_rate, self.momentum, self.weight_decay)
+
+
+def check_run_name(name: str) -> None:
+    """ConfigError unless ``name`` is empty or one plain path component, so that a run is
+    always written inside ``output-dir``."""
+    if not name:
+        return
+    separators = {"/", "\\", os.sep} | ({os.altsep} if os.altsep else set())
+    if name in (".", "..") or any(s in name for s in separators) or "\0" in name or os.path.isabs(name):
+        raise ConfigError(
+            f"run-name={name!r} must be a plain directory name inside output-dir (no path separators, "
+            "not '.' or '..', not absolute); to write elsewhere, set output-dir"
+        )
 
 
 @dataclass(frozen=True)
