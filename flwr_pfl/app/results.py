@@ -138,6 +138,8 @@ class ResultsWriter:
         """Called once a round (fit and evaluation) is over: write the checkpoint when due."""
         due = server_round % self.checkpoint_interval == 0 or server_round == self.last_round
         if self.state_fn is not None and due:
+            for name in (METRICS_LOG, TIMINGS_LOG):  # the rows a checkpoint counts reach the disk first
+                _sync(self.directory / name)
             write_checkpoint(self.directory, server_round, self.config, self.position(), self.state_fn())
 
     def _write_clients(self) -> None:
@@ -256,6 +258,12 @@ def _append(path: Path, row: dict[str, Any]) -> None:
     """One JSON line at the end of ``path``, flushed to the OS (survives the process)."""
     with path.open("a") as f:
         f.write(_line(row))
+
+
+def _sync(path: Path) -> None:
+    """Flush ``path``'s data to the disk (fsync)."""
+    with path.open("ab") as f:
+        os.fsync(f.fileno())
 
 
 def _read_rows(path: Path, count: int) -> list[dict[str, Any]]:
