@@ -19,6 +19,7 @@ import argparse
 import json
 import logging
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,11 @@ def run_one(run_config: dict[str, Any], engine: str, reuse: bool = False) -> lis
     experiment = parse_experiment(run_config)
     if reuse and finished(experiment):
         logging.getLogger("flwr").warning("reusing the finished run %s", experiment.output_path())
-    elif engine == "ray":
+        return _evaluation_rows(experiment)
+    # The comparison owns <out>/runs/: a run it starts again replaces the earlier one there (the
+    # app itself never overwrites a run's directory).
+    shutil.rmtree(experiment.output_path(), ignore_errors=True)
+    if engine == "ray":
         from flwr_pfl.app.simulation import run_ray_simulation
 
         run_ray_simulation(run_config, experiment.run.num_clients)
@@ -69,6 +74,10 @@ def run_one(run_config: dict[str, Any], engine: str, reuse: bool = False) -> lis
         from flwr_pfl.app.server_app import app as server_app
 
         run_inprocess(server_app, client_app, experiment.run.num_clients, run_config)
+    return _evaluation_rows(experiment)
+
+
+def _evaluation_rows(experiment: Experiment) -> list[dict[str, Any]]:
     rows = json.loads((experiment.output_path() / "metrics.json").read_text())
     return [r for r in rows if r["phase"] == "evaluate"]
 

@@ -55,7 +55,9 @@ class RunConfig:
         num_threads: torch CPU threads per client and for the server's tensor work (0 = torch's
             default); results are bit-identical across engines only at the same count.
         output_dir: where runs are written (``~`` expanded; made absolute).
-        run_name: sub-directory of the run; empty = ``<algorithm>-<dataset>-<timestamp>``.
+        run_name: sub-directory of the run (one path component: no separator, not ``.`` or
+            ``..``); empty = ``<algorithm>-<dataset>-<timestamp>``. A directory that already
+            holds a run is not overwritten: resume it or choose another name.
         wait_timeout: seconds the server waits for ``min_clients`` connected clients before each
             sampling (then gives up with an error naming the numbers).
         min_clients: the least connected clients a round goes on with; 0 = ``num_clients`` (the
@@ -67,7 +69,11 @@ class RunConfig:
             from that round and logged, and the round goes on with the replies in hand.
             0 = no limit (a hung client blocks the round).
         resume: continue the run in ``output_dir/run_name`` from its ``checkpoint.npz``
-            (server state; client state lives on the clients); false starts afresh.
+            (server state; client state lives on the clients); false starts afresh. The
+            configuration must equal the checkpoint's except ``num_server_rounds`` (which may
+            grow) and ``checkpoint_interval``.
+        checkpoint_interval: write ``checkpoint.npz`` after every this many rounds, and always
+            after the last one.
     """
 
     algorithm: str = "fedavg"
@@ -95,6 +101,7 @@ class RunConfig:
     min_clients: int = 0
     round_timeout: float = 0.0
     resume: bool = False
+    checkpoint_interval: int = 1
 
     def __post_init__(self) -> None:
         get_algorithm(self.algorithm)
@@ -105,6 +112,7 @@ class RunConfig:
             ("batch-size", self.batch_size, 1),
             ("feature-dim", self.feature_dim, 0),
             ("num-threads", self.num_threads, 0),
+            ("checkpoint-interval", self.checkpoint_interval, 1),
         ):
             if value < low:
                 raise ConfigError(f"{key}={value} is out of range; must be >= {low}")
@@ -130,6 +138,9 @@ class RunConfig:
             raise ConfigError(f"round-timeout={self.round_timeout} must be >= 0 seconds (0 = no limit)")
         if not self.output_dir:
             raise ConfigError("output-dir must not be empty")
+        check_run_name(self.run_name)
+        if self.resume and not self.run_name:
+            raise ConfigError("resume=true needs run-name: the name of the run to continue under output-dir")
         self.optimizer_config()  # validates the optimizer and scheduler keys
 
     @property
@@ -156,6 +167,19 @@ class RunConfig:
     def output_root(self) -> Path:
         """``output-dir`` with ``~`` expanded, absolute: the parent of every run's directory."""
         return Path(os.path.expanduser(self.output_dir)).resolve()
+
+
+def check_run_name(name: str) -> None:
+    """ConfigError unless ``name`` is empty or one plain path component, so that a run is
+    always written inside ``output-dir``."""
+    if not name:
+        return
+    separators = {"/", "\\", os.sep} | ({os.altsep} if os.altsep else set())
+    if name in (".", "..") or any(s in name for s in separators) or "\0" in name or os.path.isabs(name):
+        raise ConfigError(
+            f"run-name={name!r} must be a plain directory name inside output-dir (no path separators, "
+            "not '.' or '..', not absolute); to write elsewhere, set output-dir"
+        )
 
 
 @dataclass(frozen=True)

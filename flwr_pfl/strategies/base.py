@@ -526,14 +526,22 @@ class PFLStrategy(FedAvg):
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume: the global arrays and the rounds already done."""
-        return {"global_arrays": [a.copy() for a in (self.global_arrays or [])], "round_offset": self.round_offset}
+        """Everything needed to resume: the global arrays, the rounds already done and the
+        partition ids learned (node id -> partition id; a node that comes back under another id
+        is asked again). Subclasses add their own state; what a checkpoint can hold is listed in
+        :mod:`flwr_pfl.app.checkpoint`."""
+        return {
+            "global_arrays": [a.copy() for a in (self.global_arrays or [])],
+            "round_offset": self.round_offset,
+            "partition_of": dict(self.partition_of),
+        }
 
     def load_state_dict(self, state: dict[str, Any], rounds_done: int) -> None:
         """Resume from :meth:`state_dict`; the next round is numbered ``rounds_done + 1``."""
         self.global_arrays = [np.asarray(a) for a in state["global_arrays"]]
         self.initial_parameters = ndarrays_to_parameters(self.global_arrays)
         self.round_offset = rounds_done
+        self.partition_of = {str(cid): int(pid) for cid, pid in state.get("partition_of", {}).items()}
 
 
 def _partition_id(answer: dict[str, Scalar] | BaseException) -> int | None:

@@ -153,11 +153,17 @@ class DomainCountingStrategy(PFLStrategy):
         return metrics
 
     def state_dict(self) -> dict[str, Any]:
-        return super().state_dict() | {"count_table": {k: v.copy() for k, v in self.count_table.items()}}
+        """The base state plus the count table (in the order clients joined it: u sums over it
+        in that order) and the clients' head layout."""
+        return super().state_dict() | {
+            "count_table": {k: v.copy() for k, v in self.count_table.items()},
+            "head_info": dict(self.head_info),
+        }
 
     def load_state_dict(self, state: dict[str, Any], rounds_done: int) -> None:
         super().load_state_dict(state, rounds_done)
         self.count_table = {int(k): np.asarray(v) for k, v in state.get("count_table", {}).items()}
+        self.head_info = dict(state.get("head_info", {}))
 
 
 class ReweightedFedAvg(DomainCountingStrategy):
@@ -485,6 +491,14 @@ class FedDAR(DomainCountingStrategy):
             # the head phase may have changed the heads even when no encoder came back
             parameters = ndarrays_to_parameters(self.global_arrays)
         return parameters, metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        """The counting state plus the once-per-run warnings already given."""
+        return super().state_dict() | {"warned": sorted(self._warned)}
+
+    def load_state_dict(self, state: dict[str, Any], rounds_done: int) -> None:
+        super().load_state_dict(state, rounds_done)
+        self._warned = set(state.get("warned", ()))
 
 
 def _check_counts(who: str, counts: np.ndarray, num_examples: int) -> None:

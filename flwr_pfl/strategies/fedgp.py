@@ -63,14 +63,12 @@ placements train identically and produce the same global models up to the order 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
 from flwr.common import (
-    Code,
     EvaluateIns,
     EvaluateRes,
     FitIns,
@@ -101,7 +99,7 @@ from flwr_pfl.core.fedgp import (
 )
 from flwr_pfl.errors import ConfigError, ReplyError
 from flwr_pfl.strategies.base import NDArrays, PFLStrategy
-from flwr_pfl.strategies.validation import ClientReply, Scalar, check_arrays
+from flwr_pfl.strategies.validation import ClientReply, Scalar, check_arrays, describe_failures
 
 STEP_UPLOADS = ("matrix", "summary")
 
@@ -384,7 +382,7 @@ class FDAStrategy(PFLStrategy):
             raise ConfigError(
                 f"round {server_round}: the target has never answered: no reply of this run came from "
                 f"a client in the target role, and {len(self._failures)} client(s) failed this round: "
-                f"{_describe_failures(self._failures)}. Fix the target node's error, or {configure}"
+                f"{describe_failures(self._failures)}. Fix the target node's error, or {configure}"
             )
 
     def _adopt_target_aggregate(self, target: ClientReply, arrays: NDArrays, metrics: dict[str, float]) -> NDArrays:
@@ -475,10 +473,19 @@ class FDAStrategy(PFLStrategy):
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
+        """The base state plus the target's identity, the buffer flags, the target's accuracy
+        history (``target_accuracy_last5``) and, under the target placement between an FDA
+        round's two server rounds, the sources' kept replies."""
+        pending = [
+            {"cid": r.cid, "partition_id": r.partition_id, "num_examples": r.num_examples,
+             "arrays": [a.copy() for a in r.arrays], "metrics": dict(r.metrics)}
+            for r in self._pending
+        ]
         return super().state_dict() | {
             "target_cid": self.target_cid,
             "is_buffer": None if self.is_buffer is None else list(self.is_buffer),
             "target_history": list(self.target_history),
+            "pending": pending,
         }
 
     def load_state_dict(self, state: dict[str, Any], rounds_done: int) -> None:
@@ -486,7 +493,12 @@ class FDAStrategy(PFLStrategy):
         self.target_cid = state.get("target_cid", self.target_cid)
         if state.get("is_buffer") is not None:
             self.is_buffer = [bool(x) for x in state["is_buffer"]]
-        self.target_history = list(state.get("target_history", self.target_history))
+        self.target_history = [float(a) for a in state.get("target_history", self.target_history)]
+        self._pending = [
+            ClientReply(str(r["cid"]), int(r["partition_id"]), int(r["num_examples"]),
+                        [np.asarray(a) for a in r["arrays"]], dict(r["metrics"]))
+            for r in state.get("pending", [])
+        ]
 
 
 def _require_full_participation(name: str, fraction_fit: float, min_available: int, num_clients: int) -> None:
@@ -511,27 +523,6 @@ def _require_full_participation(name: str, fraction_fit: float, min_available: i
             f"min_available_clients={min_available} < num_clients={num_clients} is not allowed for {name}: every "
             "round needs every client, the target included, so rounds wait for all of them"
         )
-
-
-#: Flower's error for an exception raised by a ClientApp; group 1 is the client's own error
-_FLOWER_ERROR = re.compile(r"Message contains an Error \(reason: (.*)\)\. It originated", re.DOTALL)
-
-
-def _describe_failures(failures: list[Any], limit: int = 3, width: int = 400) -> str:
-    """The first ``limit`` failures of a round in words (exceptions, or replies with a bad status)."""
-    texts = []
-    for failure in failures[:limit]:
-        if isinstance(failure, BaseException):
-            text = f"{type(failure).__name__}: {failure}"
-            wrapped = _FLOWER_ERROR.search(text)  # Flower wraps a client's exception in its own
-            text = wrapped.group(1) if wrapped else text
-        else:
-            proxy, res = failure
-            bad_status = res.status.code != Code.OK
-            text = f"client {proxy.cid}: " + (res.status.message if bad_status else "its reply was rejected (see the warning above)")
-        texts.append(text if len(text) <= width else text[: width - 3] + "...")
-    more = f" (and {len(failures) - limit} more)" if len(failures) > limit else ""
-    return "; ".join(texts) + more
 
 
 def source_update(reply: ClientReply, glob: NDArrays) -> SourceUpdate:

@@ -177,6 +177,9 @@ class FEDORA(PFLStrategy):
         self._sampled: set[int] = set()
         self._best: dict[str, dict[str, Any]] = {}
         self._current_round = 0
+        #: the rows the last Eq. 6/7 update kept (None: no update yet, theta_hat == theta), so
+        #: that a checkpoint needs only theta and those rows of theta_hat (see state_dict)
+        self._last_frozen: list[int] | None = None
 
     # ---------------------------------------------------------------- setup exchange
     def _connected_clients(self, client_manager: ClientManager) -> list[ClientProxy]:
@@ -344,6 +347,7 @@ class FEDORA(PFLStrategy):
         uploads = {r.partition_id: self.layout.flatten(r.arrays) for r in replies}
         frozen = sorted(self._sampled - set(uploads))
         core.server_update(self.theta, self.theta_hat, uploads, self.graph, self.config.propagation, frozen=frozen)
+        self._last_frozen = [int(k) for k in frozen]
         return self.global_arrays or []
 
     # ---------------------------------------------------------------- evaluation metrics
@@ -408,14 +412,23 @@ class FEDORA(PFLStrategy):
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """Base state plus ``arrays``: the two ``K x P`` buffers and the graph, by reference."""
+        """Base state plus ``arrays``: ``Theta`` (by reference, no copy) and the graph; plus the
+        best-validation records (``reported_*`` with ``report_round="best_val"``) and the setup
+        errors.
+
+        ``Theta_hat`` is not stored: it is what the last update computed from the stored
+        ``Theta`` (Eq. 6/7), so :meth:`load_state_dict` recomputes it by the same call, except
+        the rows that update kept (``frozen``: sampled clients without a valid reply), which
+        are stored. The checkpoint thus holds ``K x P`` values, not ``2 K x P``.
+        """
         state = super().state_dict()
-        if self.graph is None or self.theta is None or self.layout is None:
+        if self.graph is None or self.theta is None or self.theta_hat is None or self.layout is None:
             return state
         g = self.graph
+        frozen = self._last_frozen or []
         state["arrays"] = {
             "fedora_theta": self.theta,
-            "fedora_theta_hat": self.theta_hat,
+            "fedora_theta_hat_frozen": self.theta_hat[frozen],
             "fedora_similarity": g.similarity,
             "fedora_weights": g.weights,
             "fedora_transition": g.transition,
@@ -423,7 +436,11 @@ class FEDORA(PFLStrategy):
             "fedora_present": g.present,
             "fedora_kappa": np.array(g.kappa),
         }
-        return state
+        return state | {
+            "fedora_last_frozen": self._last_frozen,
+            "fedora_best": self._best,
+            "fedora_setup_errors": dict(self.setup_errors),
+        }
 
     def load_state_dict(self, state: dict[str, Any], rounds_done: int) -> None:
         """Resume from :meth:`state_dict` (or a checkpoint's ``state_*`` arrays)."""
@@ -433,9 +450,8 @@ class FEDORA(PFLStrategy):
             return
         self.layout = core.ParameterLayout.from_arrays(self.global_arrays or [])
         theta = np.ascontiguousarray(arrays["fedora_theta"], dtype=np.float32)
-        theta_hat = np.ascontiguousarray(arrays["fedora_theta_hat"], dtype=np.float32)
-        if theta.shape != (self.num_clients, self.layout.size) or theta_hat.shape != theta.shape:
-            raise ValueError(f"checkpoint buffers have shape {theta.shape}/{theta_hat.shape}, expected "
+        if theta.shape != (self.num_clients, self.layout.size):
+            raise ValueError(f"checkpoint buffer Theta has shape {theta.shape}, expected "
                              f"({self.num_clients}, {self.layout.size})")
         kappa = float(arrays["fedora_kappa"])
         if abs(kappa - self.config.propagation.kappa) > 1e-12:
@@ -447,8 +463,27 @@ class FEDORA(PFLStrategy):
             np.asarray(arrays["fedora_present"], dtype=bool))
         self.graph = replace(graph, weights=np.asarray(arrays["fedora_weights"]), transition=transition,
                              propagation=np.asarray(arrays["fedora_propagation"], dtype=np.float64))
-        self.theta, self.theta_hat = theta, theta_hat
-        self.partition_of = {}  # node ids may change across a restart: asked again
+        self.theta = theta
+        self._last_frozen = state.get("fedora_last_frozen")
+        self.theta_hat = self._recompute_theta_hat(np.asarray(arrays["fedora_theta_hat_frozen"], dtype=np.float32))
+        self._best = state.get("fedora_best", {})
+        self.setup_errors = {int(k): str(v) for k, v in state.get("fedora_setup_errors", {}).items()}
+
+    def _recompute_theta_hat(self, frozen_rows: np.ndarray) -> np.ndarray:
+        """``Theta_hat`` as the last update left it: that update's Eq. 6/7 call again on ``Theta``
+        (no uploads: the same rows, the same GEMM, hence the same bits at the same thread
+        count), then the rows it kept."""
+        assert self.theta is not None and self.graph is not None
+        if self._last_frozen is None:
+            return self.theta.copy()  # no update yet: every row is still theta^0
+        frozen = [int(k) for k in self._last_frozen]
+        if frozen_rows.shape != (len(frozen), self.theta.shape[1]):
+            raise ValueError(f"checkpoint keeps theta_hat rows of shape {frozen_rows.shape} for the "
+                             f"frozen clients {frozen}; expected ({len(frozen)}, {self.theta.shape[1]})")
+        theta_hat = np.empty_like(self.theta)
+        core.server_update(self.theta, theta_hat, {}, self.graph, self.config.propagation, frozen=frozen)
+        theta_hat[frozen] = frozen_rows
+        return theta_hat
 
 
 def _num(metrics: dict[str, Scalar], key: str) -> float | None:

@@ -258,11 +258,6 @@ class PFedFDA(PFLStrategy):
         super()._notify(server_round, phase, {**metrics, **self._extra.pop(phase, {})}, clients)
 
     # ---------------------------------------------------------------- state
-    def state_dict(self) -> dict[str, Any]:
-        """The base state plus the learned partition ids (sampling needs no state: each round's
-        generator is derived from the seed and the round)."""
-        return {**super().state_dict(), "partition_of": dict(self.partition_of)}
-
-    def load_state_dict(self, state: dict[str, Any], rounds_done: int) -> None:
-        super().load_state_dict(state, rounds_done)
-        self.partition_of.update(state.get("partition_of", {}))
+    # The base state (global arrays = backbone + mu_g + Sigma_g, learned partition ids) is all
+    # of it: sampling needs no state (each round's generator is derived from the seed and the
+    # round), the last round is counted from round_offset, and _extra lives within one round.
