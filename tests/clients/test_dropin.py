@@ -95,8 +95,7 @@ def run(name: str, data=tuple_data, rounds: int = 2, head="fc3", wrap=lambda net
 
     def server_fn(context: Context):
         strategy = spec.strategy(num_clients=NUM_CLIENTS, seed=0, on_round=lambda *row: rows.append(row),
-                                 **spec.strategy_kwargs(options))
-        strategy.num_rounds = rounds
+                                 num_rounds=rounds, **spec.strategy_kwargs(options))
         return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=rounds))
 
     grid = run_inprocess(ServerApp(server_fn=server_fn), ClientApp(client_fn=client_fn), NUM_CLIENTS, {})
