@@ -78,7 +78,7 @@ class ResultsWriter:
         self.rows: list[dict[str, Any]] = []
         self.timings: list[dict[str, Any]] = []
         self.clients: dict[int, dict[str, Any]] = {}
-        self.failures: dict[str, tuple[int, int, str]] = {}  # phase -> (round, count, description)
+        self.failures: dict[str, tuple[int, str]] = {}  # phase -> (round, description)
         elapsed = 0.0
         if resume_from is None:
             for name in (METRICS_LOG, TIMINGS_LOG):
@@ -99,6 +99,7 @@ class ResultsWriter:
         for name, rows in ((METRICS_LOG, self.rows), (TIMINGS_LOG, self.timings)):
             _write_atomic(self.directory / name, "".join(_line(r) for r in rows))
         self.clients = {int(row["partition_id"]): row for row in position["clients"]}
+        self._write_clients()  # as of the checkpoint, not of rounds a killed run did after it
         return float(position.get("elapsed_seconds", 0.0))
 
     def position(self) -> dict[str, Any]:
@@ -132,7 +133,7 @@ class ResultsWriter:
         """Remember the latest failures of a phase, for the summary (``asked``: clients sent
         an instruction)."""
         if failures:
-            self.failures[phase] = (server_round, asked, f"{len(failures)} of {asked} failed: {describe_failures(failures)}")
+            self.failures[phase] = (server_round, f"{len(failures)} of {asked} failed: {describe_failures(failures)}")
 
     def end_round(self, server_round: int) -> None:
         """Called once a round (fit and evaluation) is over: write the checkpoint when due."""
@@ -214,7 +215,7 @@ class ResultsWriter:
                     "client's evaluation failed or was rejected")
         for phase in ("fit", "evaluate"):
             if phase in self.failures:
-                server_round, _, text = self.failures[phase]
+                server_round, text = self.failures[phase]
                 line += f"\n{phase} failures (round {server_round}): {text}"
         return line
 
