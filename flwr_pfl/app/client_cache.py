@@ -38,30 +38,50 @@ from flwr_pfl.data.types import ClientData
 DATA_BUDGET_BYTES = 1 << 30
 
 
-def _signature(model: nn.Module) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
-    """Names, shapes and dtypes of every parameter and buffer: what a reset cannot restore."""
-    tensors = [*model.named_parameters(), *model.named_buffers()]
-    return [(name, tuple(t.shape), t.dtype) for name, t in tensors]
+def _layout(module: nn.Module) -> tuple[Any, ...]:
+    """The objects one module holds directly: its parameters, buffers and submodules."""
+    return (*module._parameters.values(), None, *module._buffers.values(), None, *module._modules.values())
+
+
+class _Copy:
+    """A leased copy of the template, paired tensor by tensor and module by module with it, so
+    that checking and resetting it never walks the module tree again."""
+
+    def __init__(self, model: nn.Module, template: nn.Module) -> None:
+        self.model = model
+        self.modules = list(zip(model.modules(), template.modules()))
+        self.layouts = [_layout(m) for m, _ in self.modules]
+        self.parameters = list(zip(model.parameters(), template.parameters()))
+        self.buffers = list(zip(model.buffers(), template.buffers()))
+        self.kinds = [(t.shape, t.dtype) for t, _ in self.parameters + self.buffers]
+
+    def intact(self) -> bool:
+        """Whether the model still holds the same parameter, buffer and module objects, with
+        their shapes and dtypes (a message that swapped a layer or cast the model fails this)."""
+        same = all(
+            len(now := _layout(m)) == len(then) and all(a is b for a, b in zip(now, then))
+            for (m, _), then in zip(self.modules, self.layouts)
+        )
+        return same and all((t.shape, t.dtype) == kind for (t, _), kind in zip(self.parameters + self.buffers, self.kinds))
+
+    def reset(self) -> None:
+        """Every value, ``requires_grad`` flag and train/eval mode back to the template's; no
+        gradients (in place, on whatever device the model is on)."""
+        with torch.no_grad():
+            for t, source in self.parameters + self.buffers:
+                t.copy_(source)
+        for p, source in self.parameters:
+            p.grad = None
+            p.requires_grad_(source.requires_grad)
+        for module, source in self.modules:
+            module.training = source.training
 
 
 def reset_model(model: nn.Module, template: nn.Module) -> None:
-    """Make ``model`` (a deep copy of ``template`` that a message has used) equal to ``template``.
-
-    Restores every parameter and buffer value (in place, on whatever device ``model`` is on), the
-    ``requires_grad`` flags and train/eval modes, and drops gradients: after this, ``model``
-    computes exactly what a fresh copy of ``template`` would.
-    """
-    source = dict(template.named_parameters())
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(source[name])
-            p.grad = None
-            p.requires_grad_(source[name].requires_grad)
-        buffers = dict(template.named_buffers())
-        for name, b in model.named_buffers():
-            b.copy_(buffers[name])
-    for module, original in zip(model.modules(), template.modules()):
-        module.training = original.training
+    """Make ``model`` (a deep copy of ``template`` that a message has used) equal to ``template``:
+    every parameter and buffer value, the ``requires_grad`` flags and train/eval modes, and no
+    gradients; it then computes exactly what a fresh copy of ``template`` would."""
+    _Copy(model, template).reset()
 
 
 class ModelPool:
@@ -69,24 +89,29 @@ class ModelPool:
 
     def __init__(self, build: Callable[[], nn.Module]) -> None:
         self.template = build()
-        self._signature = _signature(self.template)
-        self._free: list[nn.Module] = []
+        self._free: list[_Copy] = []
+        self._leased: dict[int, _Copy] = {}
         self._lock = threading.Lock()
 
     def take(self) -> nn.Module:
         """A model equal to a fresh build: a returned one reset, or a new copy of the template."""
         with self._lock:
-            model = self._free.pop() if self._free else None
-        if model is None:
-            return copy.deepcopy(self.template)
-        reset_model(model, self.template)
-        return model
+            copy_ = self._free.pop() if self._free else None
+        if copy_ is None:
+            copy_ = _Copy(copy.deepcopy(self.template), self.template)
+        else:
+            copy_.reset()
+        with self._lock:
+            self._leased[id(copy_.model)] = copy_
+        return copy_.model
 
     def give_back(self, model: nn.Module) -> None:
-        """Return a leased model; one whose tensors changed shape or dtype is dropped instead."""
-        if _signature(model) == self._signature:
+        """Return a leased model; one whose structure, shapes or dtypes changed is dropped."""
+        with self._lock:
+            copy_ = self._leased.pop(id(model), None)
+        if copy_ is not None and copy_.intact():
             with self._lock:
-                self._free.append(model)
+                self._free.append(copy_)
 
 
 class RunCache:

@@ -44,6 +44,8 @@ class RunConfig:
         output_dir: where runs are written (``~`` expanded; made absolute).
         run_name: sub-directory of the run; empty = ``<algorithm>-<dataset>-<timestamp>``.
         wait_timeout: seconds the server waits for ``num_clients`` clients.
+        server_workers: clients the server contacts at once (the threads of Flower's legacy
+            server loop and of the strategies' own exchanges); 0 = every client a round samples.
         resume: continue the run in ``output_dir/run_name`` from its ``checkpoint.npz``
             (server state; client state lives on the clients); false starts afresh.
     """
@@ -67,6 +69,7 @@ class RunConfig:
     output_dir: str = "~/flwr_pfl_outputs"
     run_name: str = ""
     wait_timeout: float = 600.0
+    server_workers: int = 0
     resume: bool = False
 
     def __post_init__(self) -> None:
@@ -78,6 +81,7 @@ class RunConfig:
             ("batch-size", self.batch_size, 1),
             ("feature-dim", self.feature_dim, 0),
             ("num-threads", self.num_threads, 0),
+            ("server-workers", self.server_workers, 0),
         ):
             if value < low:
                 raise ConfigError(f"{key}={value} is out of range; must be >= {low}")

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 from flwr.app import Context
 from flwr.common import log
-from flwr.server import ServerConfig
+from flwr.server import Server, ServerConfig
+from flwr.server.client_manager import SimpleClientManager
 from flwr.server.compat import start_grid
 from flwr.serverapp import Grid, ServerApp
 
@@ -19,7 +20,7 @@ from flwr_pfl.strategies.base import PFLStrategy
 from flwr_pfl.training import seed_everything, set_num_threads
 
 
-def build_strategy(experiment: Experiment, writer: ResultsWriter | None = None) -> PFLStrategy:
+def build_strategy(experiment: Experiment, writer: ResultsWriter | None = None, workers: int | None = None) -> PFLStrategy:
     """The registered strategy for ``experiment``, wired to ``writer``."""
     run = experiment.run
     spec = experiment.algorithm
@@ -33,7 +34,29 @@ def build_strategy(experiment: Experiment, writer: ResultsWriter | None = None) 
         **spec.strategy_kwargs(experiment.options),
     )
     strategy.num_rounds = run.num_server_rounds
+    strategy.max_workers = workers or server_workers(experiment)
     return strategy
+
+
+def server_workers(experiment: Experiment, grid: Grid | None = None) -> int:
+    """Clients the server contacts at once: ``server-workers``, else every client a round can
+    sample, or one where the grid runs clients one at a time anyway (its
+    ``max_concurrent_clients``, as the in-process grid says).
+
+    Flower's legacy loop would otherwise keep min(32, CPUs + 4) messages in flight, each
+    waiting for its reply in polling steps (0.1 s in the simulation engine): at hundreds of
+    clients a round took that many polling steps instead of a few.
+    """
+    if experiment.run.server_workers:
+        return experiment.run.server_workers
+    return min(experiment.run.num_clients, getattr(grid, "max_concurrent_clients", None) or experiment.run.num_clients)
+
+
+def build_server(strategy: PFLStrategy, workers: int) -> Server:
+    """Flower's legacy server around ``strategy``, contacting up to ``workers`` clients at once."""
+    server = Server(client_manager=SimpleClientManager(), strategy=strategy)
+    server.set_max_workers(workers)
+    return server
 
 
 def load_checkpoint(strategy: PFLStrategy, path: Path) -> int:
@@ -60,7 +83,8 @@ def run_server(grid: Grid, context: Context) -> ResultsWriter:
     if resumed and not checkpoint.exists():
         raise ConfigError(f"resume=true but there is no checkpoint at {checkpoint}; set run-name to the run to resume")
     writer = ResultsWriter(output, experiment.to_dict())
-    strategy = build_strategy(experiment, writer)
+    workers = server_workers(experiment, grid)
+    strategy = build_strategy(experiment, writer, workers)
     writer.state_fn = strategy.state_dict
     rounds = experiment.run.num_server_rounds
     if resumed:
@@ -69,7 +93,7 @@ def run_server(grid: Grid, context: Context) -> ResultsWriter:
         rounds -= done
     log(INFO, "flwr_pfl: %s, results in %s", experiment.algorithm.summary, output)
     if rounds > 0:
-        start_grid(grid=grid, strategy=strategy, config=ServerConfig(num_rounds=rounds))
+        start_grid(grid=grid, server=build_server(strategy, workers), config=ServerConfig(num_rounds=rounds))
     writer.finish()
     return writer
 

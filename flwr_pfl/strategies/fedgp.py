@@ -101,6 +101,7 @@ from flwr_pfl.core.fedgp import (
 )
 from flwr_pfl.errors import ConfigError, ReplyError
 from flwr_pfl.strategies.base import NDArrays, PFLStrategy
+from flwr_pfl.strategies.decode import decode_arrays
 from flwr_pfl.strategies.validation import ClientReply, Scalar, check_arrays
 
 STEP_UPLOADS = ("matrix", "summary")
@@ -247,7 +248,7 @@ class FDAStrategy(PFLStrategy):
         metrics = dict(res.metrics)
         pid = int(metrics.get("partition_id", -1))
         who = f"{proxy.cid} (partition {pid})"
-        arrays = parameters_to_ndarrays(res.parameters)
+        arrays = decode_arrays(res.parameters)
         expected = self.expected_shapes(server_round)
         is_target = bool(metrics.get("is_target", 0))
         if metrics.get("skipped"):

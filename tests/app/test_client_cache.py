@@ -137,12 +137,18 @@ def test_reset_restores_a_used_model_exactly():
     assert all(m.training == t.training for m, t in zip(model.modules(), template.modules()))
 
 
-def test_a_model_whose_tensors_changed_is_not_reused():
+def test_a_model_whose_tensors_or_layers_changed_is_not_reused():
     pool = client_cache.ModelPool(lambda: build_model("mlp", (6,), 3))
     model = pool.take()
+    pool.give_back(model)
+    assert pool.take() is model  # intact: reused
     model.double()
     pool.give_back(model)
     assert pool.take() is not model
+    other = pool.take()
+    other.heads[0] = torch.nn.Linear(other.feature_dim, 3)
+    pool.give_back(other)
+    assert pool.take() is not other
 
 
 def test_client_data_beyond_the_budget_is_dropped_least_recent_first(tmp_path, domain_dataset, monkeypatch):
