@@ -6,6 +6,8 @@
   fetch torch again; no telemetry; no update check);
 * sizes the simulated federation from the run config (``num-supernodes = num-clients``) and
   gives each client ``--cpus`` CPUs and ``--gpus`` of a GPU;
+* hands ``flwr run`` a clean copy of the app (``pyproject.toml`` and the app's packages, under
+  ``<flwr-home>/app``), so the bundle it builds skips virtual environments, outputs and tests;
 * uses a private Flower home and port, so no SuperLink left over from another project (with
   another environment) is reused, and stops the SuperLink it started when the run ends;
 * checks the run's final status with ``flwr list`` (``flwr run`` exits 0 even when the app
@@ -25,6 +27,7 @@ from pathlib import Path
 from flwr.common.config import get_fused_config_from_dir
 
 from flwr_pfl.app.overrides import parse_overrides, to_toml
+from flwr_pfl.app.staging import stage_app
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SAFE_ENV = {
@@ -78,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flwr-home", type=Path, default=None, help="Flower home (default: <app>/.flwr)")
     parser.add_argument("--port", type=int, default=39291, help="private SuperLink HTTP port (default 39291)")
     parser.add_argument("--keep-superlink", action="store_true", help="leave the SuperLink running afterwards")
+    parser.add_argument("--no-stage", action="store_true", help="run the app directory itself, not a clean copy of it")
     args = parser.parse_args(argv)
 
     app_dir = args.app.resolve()
@@ -88,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     config = get_fused_config_from_dir(app_dir, overrides)
     num_clients = int(config["num-clients"])
     federation = f"num-supernodes={num_clients} client-resources-num-cpus={args.cpus} client-resources-num-gpus={args.gpus}"
-    command = ["flwr", "run", str(app_dir), "--stream", "--federation-config", federation]
+    run_dir = app_dir if args.no_stage else stage_app(app_dir, flwr_home / "app")
+    command = ["flwr", "run", str(run_dir), "--stream", "--federation-config", federation]
     if overrides:
         fused = flwr_home / "run-config.toml"
         fused.write_text(to_toml(overrides))
