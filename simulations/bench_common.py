@@ -168,33 +168,32 @@ def _rss_and_peak_mb(pid: int) -> tuple[float, float]:
     return (0.0 if rss != rss else rss), hwm
 
 
-def launch(run_config: dict[str, Any], flwr_home: Path, port: int, timeout: float, extra_args: Sequence[str] = ()) -> dict[str, Any]:
-    """The real `flwr run` through the launcher, with ``run_config`` as overrides.
+#: log lines that mark the phases of a run (first occurrence), by name
+PHASE_MARKS = (
+    ("superlink", "Using SuperLink"),
+    ("simulation", "Starting Flower Simulation"),
+    ("first_round", "[ROUND 1]"),
+    ("summary", "[SUMMARY]"),
+    ("status", "run status:"),
+)
 
-    Returns the wall time, the exit status, when (seconds after start) the launcher printed its
-    command, the ServerApp logged its first round and its summary, and the peak memory of the
-    run's processes (all of them summed, and the simulation process, which hosts the ServerApp).
-    """
-    from flwr_pfl.app.overrides import to_toml
 
-    flwr_home.mkdir(parents=True, exist_ok=True)
-    overrides = flwr_home / "benchmark-overrides.toml"
-    overrides.write_text(to_toml(run_config))
+def run_timed(command: Sequence[str], marker: str, timeout: float) -> dict[str, Any]:
+    """Run ``command`` (from the repository root, with :data:`CHILD_ENV`), noting when each of
+    :data:`PHASE_MARKS` first appears in its output (seconds after start) and the peak memory of
+    the processes whose command line holds ``marker``, and all their descendants."""
     env = {**os.environ, **CHILD_ENV, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    command = [sys.executable, "-u", "-m", "flwr_pfl.app.launch", "--flwr-home", str(flwr_home), "--port", str(port),
-               "-c", str(overrides), *extra_args]
     marks: dict[str, float] = {}
     tail: list[str] = []
     start = time.perf_counter()
-    with TreeMemory(str(flwr_home)) as memory:
+    with TreeMemory(marker) as memory:
         process = subprocess.Popen(command, env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         timer = threading.Timer(timeout, process.kill)
         timer.start()
         assert process.stdout is not None
         for line in process.stdout:
             now = time.perf_counter() - start
-            for key, needle in (("superlink", "Using SuperLink"), ("simulation", "Starting Flower Simulation"),
-                                ("first_round", "[ROUND 1]"), ("summary", "[SUMMARY]"), ("status", "run status:")):
+            for key, needle in PHASE_MARKS:
                 if needle in line and key not in marks:
                     marks[key] = now
             tail = (tail + [line.rstrip()])[-40:]
@@ -210,6 +209,20 @@ def launch(run_config: dict[str, Any], flwr_home: Path, port: int, timeout: floa
         "server_peak_mb": memory.peak_of("flwr-simulation"),
         **({"error": "\n".join(tail)} if status != "ok" else {}),
     }
+
+
+def launch(run_config: dict[str, Any], flwr_home: Path, port: int, timeout: float, extra_args: Sequence[str] = ()) -> dict[str, Any]:
+    """The real `flwr run` through the launcher, with ``run_config`` as overrides: wall time,
+    exit status, phase marks and peak memory (:func:`run_timed`; ``server_peak_mb`` is the
+    simulation process, which hosts the ServerApp)."""
+    from flwr_pfl.app.overrides import to_toml
+
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    overrides = flwr_home / "benchmark-overrides.toml"
+    overrides.write_text(to_toml(run_config))
+    command = [sys.executable, "-u", "-m", "flwr_pfl.app.launch", "--flwr-home", str(flwr_home), "--port", str(port),
+               "-c", str(overrides), *extra_args]
+    return run_timed(command, str(flwr_home), timeout)
 
 
 # ------------------------------------------------------------------------------ results

@@ -193,9 +193,9 @@ def measure(args: argparse.Namespace, engine: str, clients: int, repeat: int) ->
     name = f"{engine}-{clients}-{repeat}"
     config = workload(clients, args.rounds, args.data_dir, args.out / "runs", name)
     if engine in ("floor", "inprocess", "breakdown"):
-        return run_child([__file__, "--child", engine, "--config", json.dumps(config)], args.timeout)
+        return run_child([str(Path(__file__).resolve()), "--child", engine, "--config", json.dumps(config)], args.timeout)
     workers = int(engine.split("-w")[1]) if "-w" in engine else 0
-    result = launch(config | {"server-workers": workers}, args.out / "flwr-home", args.port, args.timeout)
+    result = launch(config | {"server-workers": workers}, args.out / "runs" / "flwr-home-overhead", args.port, args.timeout)
     if result["status"] == "ok":
         steady = round_times(args.out / "runs" / name)["rounds"][1:]
         result["round_seconds"] = mean(steady)

@@ -30,6 +30,9 @@ of log(time) = a + b log(K) over the measured K >= 100.
     python simulations/benchmark_scale.py --clients 10 100 1000 5000 \\
         --algorithms fedavg pfedfda fedora fedrep --engines inprocess flwr --out docs/benchmark
 
+On a machine with a GPU, ``--device cuda --gpus 0.25 --tag -cuda`` measures the same on CUDA (a
+quarter of the GPU per simulated client) into ``scale-cuda.*``.
+
 Writes ``<out>/scale.json`` and ``<out>/scale.md`` from every configuration found.
 """
 
@@ -49,12 +52,12 @@ ROUNDS = 4
 STEADY = slice(1, 3)  # rounds 2 and 3
 
 
-def workload(algorithm: str, clients: int, data_dir: str, out: Path, name: str) -> dict[str, Any]:
+def workload(algorithm: str, clients: int, data_dir: str, out: Path, name: str, device: str = "cpu") -> dict[str, Any]:
     config = {
         "algorithm": algorithm, "dataset": "mnist", "data-dir": data_dir, "max-samples": min(20 * clients, 70_000),
         "partitioner": "iid", "test-fraction": 0.2, "model": "cnn28", "feature-dim": 16,
         "num-clients": clients, "num-server-rounds": ROUNDS, "fraction-fit": 0.1, "fraction-evaluate": 0.1,
-        "device": "cpu", "num-threads": 1, "output-dir": str(out), "run-name": name,
+        "device": device, "num-threads": 1, "output-dir": str(out), "run-name": name,
     }
     if algorithm == "pfedfda":
         config["pfedfda.full-last-round"] = False
@@ -75,14 +78,14 @@ def child_inprocess(config: dict[str, Any]) -> None:
 
 def measure(args: argparse.Namespace, engine: str, algorithm: str, clients: int) -> dict[str, Any]:
     name = f"{engine}-{algorithm}-{clients}"
-    config = workload(algorithm, clients, args.data_dir, args.out / "scale-runs", name)
+    config = workload(algorithm, clients, args.data_dir, args.out / "runs" / "scale", name, args.device)
     if engine == "inprocess":
-        result = run_child([__file__, "--child", "--config", json.dumps(config)], args.timeout)
+        result = run_child([str(Path(__file__).resolve()), "--child", "--config", json.dumps(config)], args.timeout)
     else:
-        result = launch(config, args.out / "scale-flwr-home", args.port, args.timeout)
+        result = launch(config, args.out / "runs" / "flwr-home-scale", args.port, args.timeout, ["--gpus", str(args.gpus)])
         result["peak_memory_mb"] = result.pop("peak_total_mb", float("nan"))
     if result["status"] == "ok":
-        times = round_times(args.out / "scale-runs" / name)
+        times = round_times(args.out / "runs" / "scale" / name)
         result |= {
             "round_seconds": mean(times["rounds"][STEADY]),
             "first_round_seconds": times["rounds"][0],
@@ -137,6 +140,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--engines", nargs="+", default=["inprocess", "flwr"], choices=("inprocess", "flwr"))
     parser.add_argument("--force", action="store_true", help="measure configurations already measured again")
     parser.add_argument("--table-only", action="store_true", help="only rebuild scale.md/scale.json")
+    parser.add_argument("--device", default="cpu", help="the clients' device (cpu, cuda, auto)")
+    parser.add_argument("--gpus", type=float, default=0.0, help="flwr run: fraction of a GPU per simulated client")
+    parser.add_argument("--tag", default="", help="suffix of the result folder and files (e.g. cuda)")
     parser.add_argument("--port", type=int, default=39731)
     parser.add_argument("--timeout", type=float, default=1800.0, help="per configuration (recorded as a timeout)")
     args = parser.parse_args(argv)
@@ -144,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
         child_inprocess(json.loads(args.config))
         return
     args.out = args.out.resolve()
-    folder = args.out / "scale"
+    folder = args.out / f"scale{args.tag}"
     folder.mkdir(parents=True, exist_ok=True)
     if not args.table_only:
         for clients in args.clients:
@@ -158,9 +164,9 @@ def main(argv: list[str] | None = None) -> None:
                     print(f"{engine} {algorithm} K={clients}: {result['status']} round {fmt(result.get('round_seconds'))} s, "
                           f"total {fmt(result.get('wall_seconds'))} s", flush=True)
     results = load_results(folder)
-    (args.out / "scale.json").write_text(json.dumps(results, indent=1))
+    (args.out / f"scale{args.tag}.json").write_text(json.dumps(results, indent=1))
     text = table(results)
-    (args.out / "scale.md").write_text(text + "\n")
+    (args.out / f"scale{args.tag}.md").write_text(text + "\n")
     print(text)
 
 

@@ -45,7 +45,8 @@ class RunConfig:
         run_name: sub-directory of the run; empty = ``<algorithm>-<dataset>-<timestamp>``.
         wait_timeout: seconds the server waits for ``num_clients`` clients.
         server_workers: clients the server contacts at once (the threads of Flower's legacy
-            server loop and of the strategies' own exchanges); 0 = every client a round samples.
+            server loop and of the strategies' own exchanges); 0 = the app's choice (up to 32;
+            one on the in-process grid).
         resume: continue the run in ``output_dir/run_name`` from its ``checkpoint.npz``
             (server state; client state lives on the clients); false starts afresh.
     """

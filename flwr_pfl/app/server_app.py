@@ -38,18 +38,25 @@ def build_strategy(experiment: Experiment, writer: ResultsWriter | None = None, 
     return strategy
 
 
-def server_workers(experiment: Experiment, grid: Grid | None = None) -> int:
-    """Clients the server contacts at once: ``server-workers``, else every client a round can
-    sample, or one where the grid runs clients one at a time anyway (its
-    ``max_concurrent_clients``, as the in-process grid says).
+#: clients the server contacts at once unless ``server-workers`` says otherwise (see server_workers)
+DEFAULT_SERVER_WORKERS = 32
 
-    Flower's legacy loop would otherwise keep min(32, CPUs + 4) messages in flight, each
-    waiting for its reply in polling steps (0.1 s in the simulation engine): at hundreds of
-    clients a round took that many polling steps instead of a few.
+
+def server_workers(experiment: Experiment, grid: Grid | None = None) -> int:
+    """Clients the server contacts at once: ``server-workers`` when set, else up to
+    :data:`DEFAULT_SERVER_WORKERS` of the federation's clients, or one where the grid runs
+    clients one at a time anyway (its ``max_concurrent_clients``, as the in-process grid says).
+
+    Each contacted client holds a thread that polls for its reply (every 0.1 s in the simulation
+    engine). Flower's own default of min(32, CPUs + 4) threads, 6 on two cores, kept too few
+    messages in flight: at 1,000 clients a round spent most of its time in those polling steps.
+    Far more threads cost more than they save, in polling and in the engine's scan of pending
+    messages (measured in ``docs/benchmark/README.md``).
     """
     if experiment.run.server_workers:
         return experiment.run.server_workers
-    return min(experiment.run.num_clients, getattr(grid, "max_concurrent_clients", None) or experiment.run.num_clients)
+    limit = getattr(grid, "max_concurrent_clients", None) or DEFAULT_SERVER_WORKERS
+    return min(experiment.run.num_clients, limit)
 
 
 def build_server(strategy: PFLStrategy, workers: int) -> Server:

@@ -17,10 +17,10 @@ class ThreadedGrid:
     """A grid that says nothing about concurrency (as Flower's own grids)."""
 
 
-def test_every_sampled_client_at_once_by_default_one_in_process_or_as_set():
+def test_up_to_32_clients_at_once_by_default_one_in_process_or_as_set():
     experiment = parse_experiment({"num-clients": 40})
-    assert server_workers(experiment, ThreadedGrid()) == 40
-    assert server_workers(experiment) == 40
+    assert server_workers(experiment, ThreadedGrid()) == 32
+    assert server_workers(parse_experiment({"num-clients": 5})) == 5
 
     class OneAtATime:
         max_concurrent_clients = 1
