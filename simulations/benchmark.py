@@ -8,10 +8,11 @@ trains the same clients with a plain PyTorch loop (same data, model, optimizer a
 train loop; no Flower, no messages): the floor.
 
 For each algorithm it reports wall time per round, time in client code, time in server
-aggregation, array bytes sent and received per round, and peak resident memory during the
-run, each also as a ratio against FedAvg in the same process (these machines are shared and
-noisy, so only ratios within one run are comparable). FedAvg's round time is also given as a
-ratio against the floor.
+aggregation, array bytes sent and received per round, and peak resident memory, each also as a
+ratio against FedAvg's in the same benchmark run (these machines are shared and noisy, so only
+ratios within one run are comparable). FedAvg's round time is also given as a ratio against the
+floor. Each algorithm, and the floor, runs in a fresh process (after loading and partitioning
+the data there), so its peak memory is its own, not what an algorithm measured before left.
 
     python simulations/benchmark.py --data-dir DIR [--algorithms fedavg fedrep ...] [--out docs/benchmark]
         [-c "fmtl.t1-rounds=1"]
@@ -24,13 +25,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import platform
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from bench_common import machine, peak_memory_mb, report, reset_peak_memory, run_child
 
 from flwr_pfl.app.client_app import app as client_app
 from flwr_pfl.app.config import parse_experiment
@@ -43,27 +45,6 @@ from flwr_pfl.models import build_model
 from flwr_pfl.training import evaluate, get_arrays, resolve_device, seed_everything, set_arrays, train
 
 DEFAULT_ALGORITHMS = ["fedavg", "local", "finetune", "fedrep", "fedper"]
-
-
-def reset_peak_memory() -> None:
-    """Reset the kernel's peak-RSS counter for this process (Linux; no-op elsewhere)."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass
-
-
-def peak_memory_mb() -> float:
-    """Peak resident set size since the last reset, in MiB (Linux: VmHWM)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def workload(args: argparse.Namespace, algorithm: str) -> dict[str, Any]:
@@ -180,23 +161,35 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("-c", "--run-config", action="append", default=[],
                         help="further run-config overrides for every algorithm ('k=v' or a TOML file), e.g. algorithm options")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # measure one algorithm (or "floor") here
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     args.overrides = parse_overrides(args.run_config)
     args.out = args.out.resolve()
     args.data_dir = args.data_dir.resolve()
-    torch.set_num_threads(args.threads)
-    logging.getLogger("flwr").setLevel(logging.WARNING)
+    if args.child:
+        torch.set_num_threads(args.threads)
+        logging.getLogger("flwr").setLevel(logging.WARNING)
+        # Load and partition the data before timing anything: the run then finds it cached.
+        experiment = parse_experiment(workload(args, "fedavg"))
+        for pid in range(args.clients):
+            load_client_data(experiment.data, pid, args.clients)
+        report(measure_floor(args) if args.child == "floor" else measure_algorithm(args, args.child))
+        return
 
-    # Load and partition the data once before timing anything: every run then finds it cached.
-    experiment = parse_experiment(workload(args, "fedavg"))
-    for pid in range(args.clients):
-        load_client_data(experiment.data, pid, args.clients)
-    results = {name: measure_algorithm(args, name) for name in args.algorithms}
-    floor = measure_floor(args)
-    report = {
-        "workload": {k: v for k, v in vars(args).items() if k not in ("out", "data_dir", "run_config")},
-        "machine": {"platform": platform.platform(), "processor": platform.processor(), "torch": torch.__version__,
-                    "threads": torch.get_num_threads(), "device": args.device},
+    def fresh(name: str) -> dict[str, float]:
+        # the entry script again (a wrapper such as fedgp_benchmark.py adds its variants there)
+        result = run_child([str(Path(sys.argv[0]).resolve()), *argv, "--child", name], timeout=3600)
+        if result.pop("status") != "ok":
+            raise RuntimeError(f"{name} failed:\n{result.get('error', '')}")
+        result.pop("wall_seconds")
+        return result
+
+    results = {name: fresh(name) for name in args.algorithms}
+    floor = fresh("floor")
+    summary = {
+        "workload": {k: v for k, v in vars(args).items() if k not in ("out", "data_dir", "run_config", "child")},
+        "machine": machine() | {"threads": args.threads, "device": args.device},
         "results": results,
         "ratios_vs_fedavg": {
             name: {k: (row[k] / results["fedavg"][k] if results.get("fedavg", {}).get(k) else None) for k, _ in COLUMNS}
@@ -206,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
         "fedavg_round_vs_floor": results["fedavg"]["round_seconds"] / floor["round_seconds"] if "fedavg" in results else None,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "benchmark.json").write_text(json.dumps(report, indent=2))
+    (args.out / "benchmark.json").write_text(json.dumps(summary, indent=2))
     md = table(results, floor)
     (args.out / "benchmark.md").write_text(md + "\n")
     print(md)

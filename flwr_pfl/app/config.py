@@ -68,6 +68,9 @@ class RunConfig:
             the algorithms' own exchanges); a client that has not answered by then is dropped
             from that round and logged, and the round goes on with the replies in hand.
             0 = no limit (a hung client blocks the round).
+        server_workers: clients the server contacts at once (the threads of Flower's legacy
+            server loop and of the strategies' own exchanges); 0 = the app's choice (up to 32;
+            one on the in-process grid).
         resume: continue the run in ``output_dir/run_name`` from its ``checkpoint.npz``
             (server state; client state lives on the clients); false starts afresh. The
             configuration must equal the checkpoint's except ``num_server_rounds`` (which may
@@ -100,6 +103,7 @@ class RunConfig:
     wait_timeout: float = 600.0
     min_clients: int = 0
     round_timeout: float = 0.0
+    server_workers: int = 0
     resume: bool = False
     checkpoint_interval: int = 1
 
@@ -113,6 +117,7 @@ class RunConfig:
             ("feature-dim", self.feature_dim, 0),
             ("num-threads", self.num_threads, 0),
             ("checkpoint-interval", self.checkpoint_interval, 1),
+            ("server-workers", self.server_workers, 0),
         ):
             if value < low:
                 raise ConfigError(f"{key}={value} is out of range; must be >= {low}")

@@ -32,6 +32,9 @@ class InProcessGrid(Grid):
     ``client_seconds`` the time spent inside the ClientApp.
     """
 
+    #: clients run one at a time here (see ``_lock``): the server needs no more threads than one
+    max_concurrent_clients = 1
+
     def __init__(self, client_app: ClientApp, num_nodes: int, run_config: Mapping[str, Any], run_id: int = 1) -> None:
         self._app = client_app
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, SUPERLINK_NODE_ID, 1

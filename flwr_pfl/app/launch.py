@@ -12,6 +12,8 @@
 * sizes the simulated federation from the run config (``num-supernodes = num-clients``, or
   ``--num-supernodes`` when ``num-clients`` is 0, the federation's size) and gives each client
   ``--cpus`` CPUs and ``--gpus`` of a GPU;
+* hands ``flwr run`` a clean copy of the app (``pyproject.toml`` and the app's packages, under
+  ``<flwr-home>/app``), so the bundle it builds skips virtual environments, outputs and tests;
 * uses a private Flower home and port, so no SuperLink left over from another project (with
   another environment) is reused, and stops the SuperLink it started when the run ends;
 * checks the run's final status with ``flwr list`` (``flwr run`` exits 0 even when the app
@@ -33,6 +35,7 @@ from pathlib import Path
 from flwr_pfl.app.appdir import BUNDLED_APP, app_dir, default_run_config
 from flwr_pfl.app.config import SIMULATED_CLIENTS
 from flwr_pfl.app.overrides import parse_overrides, to_toml
+from flwr_pfl.app.staging import stage_app
 
 SAFE_ENV = {
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
@@ -156,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="Flower home (default: <app>/.flwr in a checkout, else ~/.cache/flwr_pfl/flwr-home)")
     parser.add_argument("--port", type=int, default=39291, help="private SuperLink HTTP port (default 39291)")
     parser.add_argument("--keep-superlink", action="store_true", help="leave the SuperLink running afterwards")
+    parser.add_argument("--no-stage", action="store_true", help="run the app directory itself, not a clean copy of it")
     args = parser.parse_args(argv)
 
     app = (args.app or app_dir()).resolve()
@@ -167,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     config = default_run_config(overrides, app)
     supernodes = federation_size(int(config["num-clients"]), args.num_supernodes)
     federation = f"num-supernodes={supernodes} client-resources-num-cpus={args.cpus} client-resources-num-gpus={args.gpus}"
-    command = [str(flwr), "run", str(app), "--stream", "--federation-config", federation]
+    run_dir = app if args.no_stage else stage_app(app, flwr_home / "app")
+    command = [str(flwr), "run", str(run_dir), "--stream", "--federation-config", federation]
     if overrides:
         fused = flwr_home / "run-config.toml"
         fused.write_text(to_toml(overrides))

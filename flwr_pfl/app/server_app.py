@@ -21,17 +21,15 @@ from flwr_pfl.errors import ConfigError
 from flwr_pfl.strategies.base import PFLStrategy
 from flwr_pfl.training import seed_everything, set_num_threads
 
-#: keys a resume may change: the rounds to reach and the resume flag itself; the location keys
-#: name where the checkpoint is and checkpoint-interval when it is written, not what the run computes
 #: keys a resume may change: the round count, where the run is, and how the server waits for
 #: and times out nodes (an operator resuming on a fleet that changed); none changes what is computed
 RESUMABLE_CHANGES = frozenset({
     "num-server-rounds", "resume", "output-dir", "run-name", "checkpoint-interval",
-    "wait-timeout", "min-clients", "round-timeout",
+    "wait-timeout", "min-clients", "round-timeout", "server-workers",
 })
 
 
-def build_strategy(experiment: Experiment, writer: ResultsWriter | None = None) -> PFLStrategy:
+def build_strategy(experiment: Experiment, writer: ResultsWriter | None = None, workers: int | None = None) -> PFLStrategy:
     """The registered strategy for ``experiment``, wired to ``writer``."""
     run = experiment.run
     spec = experiment.algorithm
@@ -47,7 +45,29 @@ def build_strategy(experiment: Experiment, writer: ResultsWriter | None = None) 
         num_rounds=run.num_server_rounds,
         **spec.strategy_kwargs(experiment.options),
     )
+    strategy.max_workers = workers or server_workers(experiment)
     return strategy
+
+
+#: clients the server contacts at once unless ``server-workers`` says otherwise (see server_workers)
+DEFAULT_SERVER_WORKERS = 32
+
+
+def server_workers(experiment: Experiment, grid: Grid | None = None) -> int:
+    """Clients the server contacts at once: ``server-workers`` when set, else up to
+    :data:`DEFAULT_SERVER_WORKERS` of the federation's clients, or one where the grid runs
+    clients one at a time anyway (its ``max_concurrent_clients``, as the in-process grid says).
+
+    Each contacted client holds a thread that polls for its reply (every 0.1 s in the simulation
+    engine). Flower's own default of min(32, CPUs + 4) threads, 6 on two cores, kept too few
+    messages in flight: at 1,000 clients a round spent most of its time in those polling steps.
+    Far more threads cost more than they save, in polling and in the engine's scan of pending
+    messages (measured in ``docs/benchmark/README.md``).
+    """
+    if experiment.run.server_workers:
+        return experiment.run.server_workers
+    limit = getattr(grid, "max_concurrent_clients", None) or DEFAULT_SERVER_WORKERS
+    return min(experiment.run.num_clients, limit)
 
 
 def load_checkpoint(strategy: PFLStrategy, path: Path) -> int:
@@ -90,10 +110,12 @@ def _shown(config: dict[str, Any], key: str) -> str:
 class RoundServer(Server):
     """Flower's legacy server loop, telling the results writer which clients failed and when
     each round is over (after its evaluation, or where it evaluates nothing, after its fit), so
-    that checkpoints hold whole rounds."""
+    that checkpoints hold whole rounds; it contacts up to ``workers`` clients at once
+    (:func:`server_workers`)."""
 
-    def __init__(self, strategy: PFLStrategy, writer: ResultsWriter) -> None:
+    def __init__(self, strategy: PFLStrategy, writer: ResultsWriter, workers: int) -> None:
         super().__init__(client_manager=SimpleClientManager(), strategy=strategy)
+        self.set_max_workers(workers)
         self.pfl_strategy = strategy
         self.writer = writer
 
@@ -156,7 +178,8 @@ def run_server(grid: Grid, context: Context) -> ResultsWriter:
         last_round=experiment.run.num_server_rounds,
         resume_from=checkpoint,
     )
-    strategy = build_strategy(experiment, writer)
+    workers = server_workers(experiment, grid)
+    strategy = build_strategy(experiment, writer, workers)
     writer.state_fn = strategy.state_dict
     request_client_exports(strategy, output)
     rounds = experiment.run.num_server_rounds
@@ -167,7 +190,7 @@ def run_server(grid: Grid, context: Context) -> ResultsWriter:
     log(INFO, "flwr_pfl: %s, results in %s", experiment.algorithm.summary, output)
     try:
         if rounds > 0:
-            start_grid(grid=grid, server=RoundServer(strategy, writer), config=ServerConfig(num_rounds=rounds, round_timeout=experiment.run.round_timeout_seconds))
+            start_grid(grid=grid, server=RoundServer(strategy, writer, workers), config=ServerConfig(num_rounds=rounds, round_timeout=experiment.run.round_timeout_seconds))
     except Exception as err:  # the results so far and a summary that says why, then the error
         _finish_after(writer, err)
         raise

@@ -38,11 +38,19 @@ def weighted_average(arrays_per_client: Sequence[Sequence[np.ndarray]], weights:
         if len(arrays) != len(reference) or any(a.shape != r.shape for a, r in zip(arrays, reference)):
             raise ValueError(f"client {k}'s arrays do not match client 0's layout")
     w = w / w.sum()
+    active = [(wk, arrays) for wk, arrays in zip(w, arrays_per_client) if wk > 0]  # 0 * inf would be NaN
+    # One float64 accumulator per tensor and one float64 scratch buffer shared by all: each
+    # client's tensor is widened into the scratch buffer, scaled and added in place. Every entry
+    # sees the same float64 operations in the same client order as ``acc += w_k * theta_k``
+    # (so the result is identical), without a new temporary per client and tensor.
+    scratch = np.empty(max(r.size for r in reference), dtype=np.float64) if reference else None
     out: NDArrays = []
     for i, ref in enumerate(reference):
         acc = np.zeros(ref.shape, dtype=np.float64)
-        for wk, arrays in zip(w, arrays_per_client):
-            if wk > 0:  # a zero-weight client is left out entirely (0 * inf would be NaN)
-                acc += wk * arrays[i]
+        term = scratch[: ref.size].reshape(ref.shape)
+        for wk, arrays in active:
+            term[...] = arrays[i]
+            term *= wk
+            acc += term
         out.append(np.rint(acc).astype(ref.dtype) if np.issubdtype(ref.dtype, np.integer) else acc.astype(ref.dtype))
     return out

@@ -23,14 +23,25 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 import torch
-import torchvision.transforms.v2.functional as TF
-from torchvision.transforms import InterpolationMode
 
 from flwr_pfl.data.sampling import balanced_assignment, stage_rng
 from flwr_pfl.data.types import ArraySplit
 from flwr_pfl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from torchvision.transforms import InterpolationMode
+
+
+def _functional() -> Any:
+    """torchvision's tensor transforms, imported on first use: a client that applies no domain
+    transform never pays the second or so that importing torchvision takes."""
+    import torchvision.transforms.v2.functional as TF
+
+    return TF
 
 
 class DomainTransform(ABC):
@@ -79,7 +90,7 @@ class Rotation(DomainTransform):
     def __init__(
         self,
         angles: Sequence[float],
-        interpolation: InterpolationMode = InterpolationMode.NEAREST,
+        interpolation: InterpolationMode | str = "nearest",
     ) -> None:
         if len(angles) < 1:
             raise ConfigError("rotation needs at least one angle")
@@ -96,7 +107,9 @@ class Rotation(DomainTransform):
         return len(self.angles)
 
     def transform(self, x: torch.Tensor, m: int, generator: torch.Generator) -> torch.Tensor:
-        return TF.rotate(x, self.angles[m], interpolation=self.interpolation)
+        from torchvision.transforms import InterpolationMode
+
+        return _functional().rotate(x, self.angles[m], interpolation=InterpolationMode(self.interpolation))
 
 
 class ColorTint(DomainTransform):
@@ -126,7 +139,7 @@ class ColorTint(DomainTransform):
         return 3
 
     def transform(self, x: torch.Tensor, m: int, generator: torch.Generator) -> torch.Tensor:
-        grey = x if x.shape[1] == 1 else TF.rgb_to_grayscale(x)
+        grey = x if x.shape[1] == 1 else _functional().rgb_to_grayscale(x)
         return grey * self.colors[m].to(x).view(1, 3, 1, 1)
 
 
@@ -182,11 +195,11 @@ class Corruption(DomainTransform):
             return (x + self.noise_std * noise).clamp_(0.0, 1.0)
         if kind == "blur":
             size = 2 * math.ceil(3 * self.blur_sigma) + 1
-            return TF.gaussian_blur(x, [size, size], [self.blur_sigma, self.blur_sigma])
+            return _functional().gaussian_blur(x, [size, size], [self.blur_sigma, self.blur_sigma])
         if kind == "contrast":
-            return TF.adjust_contrast(x, self.contrast)
+            return _functional().adjust_contrast(x, self.contrast)
         if kind == "invert":
-            return TF.invert(x)
+            return _functional().invert(x)
         return x.clone()
 
 

@@ -1,9 +1,12 @@
-"""MNIST, Fashion-MNIST, CIFAR-10 and CIFAR-100 from disk, through torchvision's own classes.
+"""MNIST, Fashion-MNIST, CIFAR-10 and CIFAR-100 from disk, in torchvision's layout.
 
 Files live in torchvision's layout under the data folder (``<root>/MNIST/raw/``,
 ``<root>/FashionMNIST/raw/``, ``<root>/cifar-10-batches-py/``, ``<root>/cifar-100-python/``),
 so torchvision's normal download (``download=True``) and the offline provisioning command
-(``python -m flwr_pfl.data.provision``) fill the same place.
+(``python -m flwr_pfl.data.provision``) fill the same place. MNIST and Fashion-MNIST are read
+here from their raw IDX files when present (the same bytes torchvision reads, without importing
+torchvision, which costs every simulation worker over a second); CIFAR, and any download, go
+through torchvision's own classes.
 
 The pool is the train and test splits concatenated (train first); clients make their own
 train/val/test splits from it. Pixels stay uint8 in memory (a quarter of float32, which matters
@@ -34,44 +37,55 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from torchvision import datasets as tvd
 
 from flwr_pfl.data.registry import DatasetPool
 from flwr_pfl.errors import DataNotFoundError
 
 if TYPE_CHECKING:
+    from torchvision.datasets import VisionDataset
+
     from flwr_pfl.data.config import DataConfig
+
+#: the raw IDX files of MNIST and Fashion-MNIST: train images, train labels, test images, test labels
+IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
 
 @dataclass(frozen=True)
 class VisionSpec:
     """How one torchvision dataset is read and standardised."""
 
-    cls: type[tvd.VisionDataset]
+    torchvision_class: str  # its class in torchvision.datasets
     num_classes: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
     provisionable: bool  # obtainable offline with ``python -m flwr_pfl.data.provision``
+    idx: bool = False  # stored as raw IDX files (``IDX_FILES``), read here without torchvision
+
+    def dataset_class(self) -> type[VisionDataset]:
+        from torchvision import datasets  # imported only where torchvision reads or downloads
+
+        return getattr(datasets, self.torchvision_class)
 
 
 VISION_SPECS: dict[str, VisionSpec] = {
-    "mnist": VisionSpec(tvd.MNIST, 10, (0.1307,), (0.3081,), True),
-    "fashion-mnist": VisionSpec(tvd.FashionMNIST, 10, (0.2860,), (0.3530,), True),
+    "mnist": VisionSpec("MNIST", 10, (0.1307,), (0.3081,), True, idx=True),
+    "fashion-mnist": VisionSpec("FashionMNIST", 10, (0.2860,), (0.3530,), True, idx=True),
     "cifar10": VisionSpec(
-        tvd.CIFAR10, 10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), False
+        "CIFAR10", 10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), False
     ),
     "cifar100": VisionSpec(
-        tvd.CIFAR100, 100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), False
+        "CIFAR100", 100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), False
     ),
 }
 
 
 def expected_files(name: str, root: str | os.PathLike[str]) -> list[Path]:
     """The files torchvision reads for dataset ``name`` under ``root`` (from its own tables)."""
-    cls = VISION_SPECS[name].cls
-    if issubclass(cls, tvd.MNIST):
-        raw = Path(root) / cls.__name__ / "raw"
-        return [raw / os.path.splitext(os.path.basename(f))[0] for f, _ in cls.resources]
+    spec = VISION_SPECS[name]
+    if spec.idx:
+        raw = Path(root) / spec.torchvision_class / "raw"
+        return [raw / f for f in IDX_FILES]
+    cls = spec.dataset_class()
     folder = Path(root) / cls.base_folder  # CIFAR-10 / CIFAR-100
     names = [f for f, _ in cls.train_list + cls.test_list] + [cls.meta["filename"]]
     return [folder / f for f in names]
@@ -94,16 +108,21 @@ def load_vision_pool(name: str, root: str, download: bool) -> DatasetPool:
             the message lists the exact paths and how to provide them.
     """
     spec = VISION_SPECS[name]
-    missing = [p for p in expected_files(name, root) if not p.is_file()]
+    files = expected_files(name, root)
+    missing = [p for p in files if not p.is_file()]
     if missing and not download:
         raise DataNotFoundError(not_found_message(name, root, missing))
     try:
-        parts = [spec.cls(root, train=train, download=download) for train in (True, False)]
-    except (RuntimeError, OSError) as err:  # torchvision's "not found" and network errors
+        if spec.idx and not missing:
+            images, labels = [read_idx(f) for f in files[0::2]], [read_idx(f) for f in files[1::2]]
+        else:
+            parts = [spec.dataset_class()(root, train=train, download=download) for train in (True, False)]
+            images, labels = [part.data for part in parts], [part.targets for part in parts]
+    except (RuntimeError, OSError, ValueError) as err:  # "not found", network errors, bad files
         missing = [p for p in expected_files(name, root) if not p.is_file()]
         raise DataNotFoundError(not_found_message(name, root, missing, err)) from err
-    x = torch.cat([_images(part.data) for part in parts])
-    y = torch.cat([torch.as_tensor(np.asarray(part.targets), dtype=torch.int64) for part in parts])
+    x = torch.cat([_images(data) for data in images])
+    y = torch.cat([torch.as_tensor(np.asarray(targets), dtype=torch.int64) for targets in labels])
     return DatasetPool(
         x=x,
         y=y,
@@ -112,6 +131,23 @@ def load_vision_pool(name: str, root: str, download: bool) -> DatasetPool:
         mean=spec.mean,
         std=spec.std,
     )
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """An uncompressed unsigned-byte IDX file (MNIST's format) as a uint8 array of its shape.
+
+    Layout: two zero bytes, the type code 0x08, the number of dimensions, each dimension as a
+    big-endian 32-bit integer, then the data, as torchvision reads it.
+    """
+    data = np.fromfile(path, dtype=np.uint8)
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
+        raise ValueError(f"{path} is not an unsigned-byte IDX file")
+    ndim = int(data[3])
+    dims = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i].tobytes(), "big") for i in range(ndim)]
+    start = 4 + 4 * ndim
+    if len(data) - start != int(np.prod(dims)):
+        raise ValueError(f"{path} holds {len(data) - start} values, not the {dims} its header gives")
+    return data[start:].reshape(dims)
 
 
 def _images(data: torch.Tensor | np.ndarray) -> torch.Tensor:
@@ -129,7 +165,7 @@ def not_found_message(
         lines.append(f"Missing files (torchvision's layout, in {missing[0].parent}):")
         lines += [f"  {p}" for p in missing]
     if error is not None:
-        lines.append(f"torchvision reported: {str(error).strip()}")
+        lines.append(f"reading them failed: {str(error).strip()}")
     lines.append("To provide them:")
     if VISION_SPECS[name].provisionable:
         lines.append(

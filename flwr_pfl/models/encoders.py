@@ -7,7 +7,6 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from torchvision.models import resnet18
 
 
 def mlp_encoder(input_shape: tuple[int, ...], hidden: tuple[int, ...] = (200, 200)) -> nn.Module:
@@ -50,6 +49,8 @@ def resnet18_encoder(input_shape: tuple[int, ...], group_norm: bool = False) -> 
     federated learning where batch statistics differ across clients (pFedFDA's CIFAR setup).
     Inputs with other than 3 channels get a matching first convolution.
     """
+    from torchvision.models import resnet18  # only here: importing torchvision takes over a second
+
     norm_layer: Callable[[int], nn.Module] | None = (
         (lambda c: nn.GroupNorm(2, c)) if group_norm else None
     )

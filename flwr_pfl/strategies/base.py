@@ -37,6 +37,7 @@ from flwr_pfl.core.aggregation import weighted_average
 from flwr_pfl.core.metrics import aggregate_client_metrics
 from flwr_pfl.errors import ConfigError, ReplyError
 from flwr_pfl.strategies import hooks
+from flwr_pfl.strategies.decode import decode_arrays
 from flwr_pfl.strategies.sampling import PARTITION_QUERY, in_partition_order, sample_indices, sampling_rng
 from flwr_pfl.strategies.validation import ClientReply, Scalar, check_arrays
 
@@ -126,6 +127,9 @@ class PFLStrategy(FedAvg):
     #: scalars added to the evaluate instructions of the run's last round (needs ``num_rounds``);
     #: the app asks clients to export their personalized models this way
     last_round_config: dict[str, Scalar] = {}
+    #: clients contacted at once in the strategy's own exchanges (partition queries, setup
+    #: rounds); the app sets it from ``server-workers``, like the legacy server's pool
+    max_workers: int = 32
 
     def __init__(
         self,
@@ -270,8 +274,12 @@ class PFLStrategy(FedAvg):
 
         if not clients:
             return []
-        with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(clients))) as pool:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=self.workers_for(len(clients))) as pool:
             return list(pool.map(ask, clients))
+
+    def workers_for(self, num_clients: int) -> int:
+        """Threads for an exchange with ``num_clients`` clients (at least 1, at most ``max_workers``)."""
+        return max(1, min(self.max_workers, num_clients))
 
     def learn_partitions(self, server_round: int, clients: Iterable[ClientProxy]) -> None:
         """Ask the clients whose partition id is unknown for it; a client that cannot answer
@@ -409,7 +417,7 @@ class PFLStrategy(FedAvg):
         """Decode and validate one fit reply; raise ReplyError naming the client and problem."""
         partition_id = int(res.metrics.get("partition_id", -1))
         who = f"{proxy.cid} (partition {partition_id})"
-        arrays = parameters_to_ndarrays(res.parameters)
+        arrays = decode_arrays(res.parameters)
         check_arrays(who, arrays, self.expected_shapes(server_round), res.num_examples)
         if partition_id >= 0:
             self.partition_of[proxy.cid] = partition_id

@@ -60,6 +60,7 @@ from flwr_pfl.core.aggregation import weighted_average
 from flwr_pfl.core.metrics import aggregate_client_metrics
 from flwr_pfl.errors import ReplyError
 from flwr_pfl.strategies.base import PFLStrategy
+from flwr_pfl.strategies.decode import decode_arrays
 from flwr_pfl.strategies.sampling import in_partition_order
 from flwr_pfl.strategies.validation import ClientReply, Scalar, check_arrays
 
@@ -372,7 +373,7 @@ class FedDAR(DomainCountingStrategy):
         )
         ins = FitIns(ndarrays_to_parameters(list(self.global_arrays or [])), config)
         results, failures = fit_clients(
-            [(p, ins) for p in clients], max_workers=None, timeout=self.exchange_timeout(None), group_id=server_round
+            [(p, ins) for p in clients], max_workers=self.workers_for(len(clients)), timeout=self.exchange_timeout(None), group_id=server_round
         )
         replies: list[ClientReply] = []
         rejected = 0
@@ -437,7 +438,7 @@ class FedDAR(DomainCountingStrategy):
         """Validate a head-phase reply against the wire layout; raise ReplyError otherwise."""
         partition_id = int(res.metrics.get("partition_id", -1))
         who = f"{proxy.cid} (partition {partition_id})"
-        arrays = parameters_to_ndarrays(res.parameters)
+        arrays = decode_arrays(res.parameters)
         m, p = self.num_domains, self.layout.num_params
         shapes = [(m, p), (m,)] + ([(m, p, p)] if self.aggregation is core.HeadAggregation.SA else [])
         check_arrays(who, arrays, shapes, res.num_examples)

@@ -76,7 +76,6 @@ from flwr.common import (
     Parameters,
     log,
     ndarrays_to_parameters,
-    parameters_to_ndarrays,
 )
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
@@ -99,6 +98,7 @@ from flwr_pfl.core.fedgp import (
 )
 from flwr_pfl.errors import ConfigError, ReplyError
 from flwr_pfl.strategies.base import NDArrays, PFLStrategy
+from flwr_pfl.strategies.decode import decode_arrays
 from flwr_pfl.strategies.validation import ClientReply, Scalar, check_arrays, describe_failures
 
 STEP_UPLOADS = ("matrix", "summary")
@@ -251,7 +251,7 @@ class FDAStrategy(PFLStrategy):
         metrics = dict(res.metrics)
         pid = int(metrics.get("partition_id", -1))
         who = f"{proxy.cid} (partition {pid})"
-        arrays = parameters_to_ndarrays(res.parameters)
+        arrays = decode_arrays(res.parameters)
         expected = self.expected_shapes(server_round)
         is_target = bool(metrics.get("is_target", 0))
         if metrics.get("skipped"):

@@ -62,7 +62,6 @@ import numpy as np
 from flwr.common import (
     EvaluateIns,
     FitIns,
-    GetPropertiesIns,
     Parameters,
     log,
     ndarrays_to_parameters,
@@ -74,6 +73,7 @@ from flwr.server.client_proxy import ClientProxy
 from flwr_pfl.core import fedora as core
 from flwr_pfl.errors import ConfigError, ReplyError
 from flwr_pfl.strategies.base import NDArrays, PFLStrategy
+from flwr_pfl.strategies.decode import decode_arrays
 from flwr_pfl.strategies.validation import ClientReply, Scalar
 
 PHASE_KEY = "fedora-phase"
@@ -208,7 +208,7 @@ class FEDORA(PFLStrategy):
             except Exception as err:  # no reply or an error reply
                 return err
 
-        with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(clients))) as pool:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=self.workers_for(len(clients))) as pool:
             replies = list(pool.map(ask, clients))  # read in node order, whatever answers first
         for proxy, reply in zip(clients, replies):
             try:
@@ -246,7 +246,7 @@ class FEDORA(PFLStrategy):
         if not 0 <= pid < self.num_clients:
             raise ReplyError(f"client {proxy.cid}: partition_id {pid} is not in [0, {self.num_clients})")
         self.partition_of[proxy.cid] = pid
-        arrays = parameters_to_ndarrays(res.parameters)
+        arrays = decode_arrays(res.parameters)
         if not arrays:
             reason = str(res.metrics.get(SETUP_ERROR_KEY, "the client sent no subspace"))
             self.setup_errors[pid] = reason

@@ -56,6 +56,7 @@ from flwr_pfl.core.fmtl import (
 )
 from flwr_pfl.errors import ReplyError
 from flwr_pfl.strategies.base import NDArrays, PFLStrategy
+from flwr_pfl.strategies.decode import decode_arrays
 from flwr_pfl.strategies.validation import ClientReply, Scalar, check_arrays
 
 HEAD_LAYOUTS = ("stacked", "per-head")
@@ -263,7 +264,7 @@ class FedFMTL(PFLStrategy):
     def check_reply(self, server_round: int, proxy: ClientProxy, res: FitRes) -> FMTLReply:
         partition_id = int(res.metrics.get("partition_id", -1))
         who = f"{proxy.cid} (partition {partition_id})"
-        arrays = parameters_to_ndarrays(res.parameters)
+        arrays = decode_arrays(res.parameters)
         n_stats = res.metrics.get("n_stats_arrays", 0)
         if not isinstance(n_stats, int) or isinstance(n_stats, bool) or n_stats not in (0, 3, 4) or n_stats > len(arrays):
             raise ReplyError(f"client {who}: n_stats_arrays={n_stats!r}; must be 0, 3 or 4")

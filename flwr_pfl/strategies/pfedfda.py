@@ -28,7 +28,7 @@ mean of every array.
 
 from __future__ import annotations
 
-from logging import INFO, WARNING
+from logging import INFO
 from typing import Any
 
 import numpy as np

@@ -21,7 +21,7 @@ from __future__ import annotations
 import difflib
 import inspect
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch

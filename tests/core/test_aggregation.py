@@ -130,3 +130,31 @@ def test_wrong_number_of_weights_raises(weights):
 def test_no_clients_raises():
     with pytest.raises(ValueError, match="zero clients"):
         weighted_average([], [])
+
+
+def test_bit_identical_to_the_plain_float64_sum():
+    """The in-place accumulation rounds exactly as sum_k (w_k / W) * theta_k in float64 would,
+    for float32, float64 and integer tensors with unequal weights."""
+    rng = np.random.default_rng(3)
+    clients = [[rng.normal(size=(7, 3)).astype(np.float32), rng.normal(size=(4,)),
+                rng.integers(0, 50, size=(5,))] for _ in range(6)]
+    weights = [3.0, 0.0, 11.0, 1.0, 7.5, 2.0]
+    w = np.asarray(weights) / sum(weights)
+    out = weighted_average(clients, weights)
+    for i, ref in enumerate(clients[0]):
+        expected = np.zeros(ref.shape)
+        for wk, arrays in zip(w, clients):
+            if wk > 0:
+                expected = expected + wk * arrays[i]
+        expected = np.rint(expected).astype(ref.dtype) if ref.dtype.kind == "i" else expected.astype(ref.dtype)
+        assert out[i].dtype == ref.dtype
+        np.testing.assert_array_equal(out[i], expected)
+
+
+def test_inputs_are_left_unchanged():
+    clients = _clients()
+    before = [[a.copy() for a in c] for c in clients]
+    weighted_average(clients, [1, 2, 3])
+    for c, b in zip(clients, before):
+        for x, y in zip(c, b):
+            np.testing.assert_array_equal(x, y)

@@ -87,3 +87,26 @@ def test_expected_files_follow_torchvision_layout(tmp_path: Path) -> None:
         "MNIST/raw/t10k-labels-idx1-ubyte",
     ]
     assert expected_files("cifar100", tmp_path)[0] == tmp_path / "cifar-100-python" / "train"
+
+
+def test_idx_files_are_read_as_torchvision_reads_them(tmp_path: Path) -> None:
+    """The IDX reader and torchvision's MNIST class give the same pool on the same files, and
+    the file names are torchvision's own."""
+    from torchvision import datasets
+
+    from flwr_pfl.data.vision import IDX_FILES
+
+    for cls in (datasets.MNIST, datasets.FashionMNIST):
+        assert tuple(Path(url).name.removesuffix(".gz") for url, _ in cls.resources) == IDX_FILES
+    fake_mnist(tmp_path, "MNIST", n_train=30, n_test=12)
+    pool = load_vision_pool("mnist", str(tmp_path), False)
+    parts = [datasets.MNIST(str(tmp_path), train=train, download=False) for train in (True, False)]
+    assert torch.equal(pool.x, torch.cat([p.data for p in parts]).unsqueeze(1))
+    assert torch.equal(pool.y, torch.cat([p.targets for p in parts]).long())
+
+
+def test_a_corrupt_idx_file_is_reported(tmp_path: Path) -> None:
+    fake_mnist(tmp_path)
+    (tmp_path / "MNIST" / "raw" / "train-labels-idx1-ubyte").write_bytes(b"\x00\x00\x08\x01\x00\x00\x00\x09abc")
+    with pytest.raises(DataNotFoundError, match="train-labels-idx1-ubyte holds 3 values"):
+        load_vision_pool("mnist", str(tmp_path), False)

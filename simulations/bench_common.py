@@ -1,0 +1,270 @@
+"""Shared pieces of the benchmark scripts in this folder: fresh-process runs, `flwr run` through
+the launcher, process-tree memory, round times from a run's ``timings.json``, the machine.
+
+Every measured configuration runs in a process of its own, so that its peak memory is its own
+(nothing left over from a configuration measured before) and caches start cold.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RESULT_PREFIX = "BENCHMARK-RESULT "
+#: the environment `flwr run` needs offline (as the launcher sets it), and one torch thread
+CHILD_ENV = {
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+    "OMP_NUM_THREADS": "1",
+    "PYTHONPATH": str(REPO_ROOT),
+}
+
+
+# ------------------------------------------------------------------------------ this process
+def reset_peak_memory() -> None:
+    """Reset the kernel's peak-RSS counter for this process (Linux; no-op elsewhere)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def peak_memory_mb(pid: int | str = "self") -> float:
+    """Peak resident set size of a process, in MiB (Linux: VmHWM; NaN when unreadable)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    if pid == "self":
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return float("nan")
+
+
+def report(result: dict[str, Any]) -> None:
+    """Hand a child's result to its parent (one line on stdout)."""
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+def machine() -> dict[str, Any]:
+    """Where and when: platform, CPU count, Python and torch versions, UTC time."""
+    import torch
+
+    return {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+
+
+# ------------------------------------------------------------------------------ child processes
+def run_child(args: Sequence[str], timeout: float) -> dict[str, Any]:
+    """Run ``python <args>`` in a fresh process; its reported result plus ``wall_seconds``.
+
+    A child that fails or times out gives ``{"status": "failed" | "timeout", ...}``.
+    """
+    env = {**os.environ, **CHILD_ENV}
+    start = time.perf_counter()
+    try:
+        done = subprocess.run([sys.executable, *args], env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout", "wall_seconds": time.perf_counter() - start}
+    wall = time.perf_counter() - start
+    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    if done.returncode != 0 or not lines:
+        return {"status": "failed", "wall_seconds": wall, "error": (done.stdout + done.stderr)[-3000:]}
+    return {"status": "ok", "wall_seconds": wall, **json.loads(lines[-1][len(RESULT_PREFIX):])}
+
+
+class TreeMemory:
+    """Samples, every ``interval`` seconds, the summed RSS of the processes whose command line
+    contains ``marker`` and of all their descendants (a SuperLink, its simulation process,
+    Ray and its actors), and each process's own peak (VmHWM) as last seen."""
+
+    def __init__(self, marker: str, interval: float = 0.5) -> None:
+        self.marker, self.interval = marker, interval
+        self.peak_total_mb = 0.0
+        self.peaks: dict[int, tuple[str, float]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> TreeMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._sample()
+            self._stop.wait(self.interval)
+
+    def _sample(self) -> None:
+        children: dict[int, list[int]] = {}
+        commands: dict[int, str] = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                commands[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry.name))
+        roots = [pid for pid, command in commands.items() if self.marker in command]
+        tree, stack = set(), list(roots)
+        while stack:
+            pid = stack.pop()
+            if pid not in tree:
+                tree.add(pid)
+                stack += children.get(pid, [])
+        total = 0.0
+        for pid in tree:
+            rss, hwm = _rss_and_peak_mb(pid)
+            total += rss
+            if hwm == hwm:  # not NaN
+                self.peaks[pid] = (commands.get(pid, "")[:120], hwm)
+        self.peak_total_mb = max(self.peak_total_mb, total)
+
+    def peak_of(self, needle: str) -> float:
+        """Largest peak (VmHWM) seen among processes whose command line contains ``needle``."""
+        found = [hwm for command, hwm in self.peaks.values() if needle in command]
+        return max(found) if found else float("nan")
+
+
+def _rss_and_peak_mb(pid: int) -> tuple[float, float]:
+    rss = hwm = float("nan")
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1]) / 1024
+            elif line.startswith("VmHWM:"):
+                hwm = int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return (0.0 if rss != rss else rss), hwm
+
+
+#: log lines that mark the phases of a run (first occurrence), by name
+PHASE_MARKS = (
+    ("superlink", "Using SuperLink"),
+    ("simulation", "Starting Flower Simulation"),
+    ("first_round", "[ROUND 1]"),
+    ("summary", "[SUMMARY]"),
+    ("status", "run status:"),
+)
+
+
+def run_timed(command: Sequence[str], marker: str, timeout: float) -> dict[str, Any]:
+    """Run ``command`` (from the repository root, with :data:`CHILD_ENV`), noting when each of
+    :data:`PHASE_MARKS` first appears in its output (seconds after start) and the peak memory of
+    the processes whose command line holds ``marker``, and all their descendants."""
+    env = {**os.environ, **CHILD_ENV, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    marks: dict[str, float] = {}
+    tail: list[str] = []
+    start = time.perf_counter()
+    with TreeMemory(marker) as memory:
+        process = subprocess.Popen(command, env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        timer = threading.Timer(timeout, process.kill)
+        timer.start()
+        assert process.stdout is not None
+        for line in process.stdout:
+            now = time.perf_counter() - start
+            for key, needle in PHASE_MARKS:
+                if needle in line and key not in marks:
+                    marks[key] = now
+            tail = (tail + [line.rstrip()])[-40:]
+        code = process.wait()
+        timer.cancel()
+    wall = time.perf_counter() - start
+    status = "ok" if code == 0 else ("timeout" if wall >= timeout else "failed")
+    return {
+        "status": status,
+        "wall_seconds": wall,
+        "marks": marks,
+        "peak_total_mb": memory.peak_total_mb,
+        "server_peak_mb": memory.peak_of("flwr-simulation"),
+        **({"error": "\n".join(tail)} if status != "ok" else {}),
+    }
+
+
+def launch(run_config: dict[str, Any], flwr_home: Path, port: int, timeout: float, extra_args: Sequence[str] = ()) -> dict[str, Any]:
+    """The real `flwr run` through the launcher, with ``run_config`` as overrides: wall time,
+    exit status, phase marks and peak memory (:func:`run_timed`; ``server_peak_mb`` is the
+    simulation process, which hosts the ServerApp)."""
+    from flwr_pfl.app.overrides import to_toml
+
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    overrides = flwr_home / "benchmark-overrides.toml"
+    overrides.write_text(to_toml(run_config))
+    command = [sys.executable, "-u", "-m", "flwr_pfl.app.launch", "--flwr-home", str(flwr_home), "--port", str(port),
+               "-c", str(overrides), *extra_args]
+    return run_timed(command, str(flwr_home), timeout)
+
+
+# ------------------------------------------------------------------------------ results
+def round_times(run_dir: Path) -> dict[str, Any]:
+    """Per-round wall times and server aggregation times from a run's ``timings.json``.
+
+    ``rounds[r]`` is the time from the end of round r's evaluation to the end of round r+1's
+    (round 1: from the ServerApp's start); ``aggregate[r]`` is the strategy's fit aggregation.
+    """
+    rows = json.loads((run_dir / "timings.json").read_text())
+    ends = {r["round"]: r["elapsed_seconds"] for r in rows if r["phase"] == "evaluate"}
+    fit_ends = {r["round"]: r["elapsed_seconds"] for r in rows if r["phase"] == "fit"}
+    ends = {k: max(ends.get(k, 0.0), fit_ends.get(k, 0.0)) for k in sorted(set(ends) | set(fit_ends))}
+    rounds, previous = [], 0.0
+    for k in sorted(ends):
+        rounds.append(ends[k] - previous)
+        previous = ends[k]
+    aggregate = [r.get("aggregate_seconds", 0.0) for r in rows if r["phase"] == "fit"]
+    return {"rounds": rounds, "aggregate": aggregate}
+
+
+def mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def loglog_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Least-squares slope of log(y) on log(x): y grows like x to this power."""
+    pairs = [(math.log(x), math.log(y)) for x, y in zip(xs, ys) if x > 0 and y > 0 and y == y]
+    if len(pairs) < 2:
+        return float("nan")
+    mx = sum(p[0] for p in pairs) / len(pairs)
+    my = sum(p[1] for p in pairs) / len(pairs)
+    sxx = sum((p[0] - mx) ** 2 for p in pairs)
+    return sum((p[0] - mx) * (p[1] - my) for p in pairs) / sxx if sxx else float("nan")
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def fmt(value: float, digits: int = 3) -> str:
+    """A figure to ``digits`` significant digits; an em dash when missing."""
+    return "—" if value is None or value != value else f"{value:.{digits}g}"
