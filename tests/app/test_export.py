@@ -91,7 +91,7 @@ def evaluate_exported(client: PFLClient, algorithm: str, state: dict[str, torch.
 def test_the_exported_models_are_the_final_ones(tmp_path, dataset, algorithm, monkeypatch):
     built = []
     original = server_app_module.build_strategy
-    monkeypatch.setattr(server_app_module, "build_strategy", lambda e, w=None: built.append(original(e, w)) or built[-1])
+    monkeypatch.setattr(server_app_module, "build_strategy", lambda e, w=None, k=None: built.append(original(e, w, k)) or built[-1])
     cfg = run_config(tmp_path, dataset, algorithm)
     grid = run_inprocess(server_app_module.app, client_app, cfg["num-clients"], cfg)
     out, strategy = tmp_path / algorithm, built[0]
