@@ -10,13 +10,15 @@
   ``<flwr-home>/app``), so the bundle it builds skips virtual environments, outputs and tests;
 * uses a private Flower home and port, so no SuperLink left over from another project (with
   another environment) is reused, and stops the SuperLink it started when the run ends;
-* checks the run's final status with ``flwr list`` (``flwr run`` exits 0 even when the app
+* checks the run's final status, as ``flwr list`` shows it (``flwr run`` exits 0 even when the app
   failed) and exits non-zero unless the run finished successfully.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import signal
@@ -59,8 +61,44 @@ def stop_superlink(flwr_home: Path) -> None:
             pass
 
 
+def status_from_control_api(env: dict[str, str]) -> str | None:
+    """The newest run's status, asked of the SuperLink's Control API from this process.
+
+    The same query as ``flwr list``, without starting Flower's command line a second time (a
+    second or two of every launch). None when it cannot be answered this way, e.g. where
+    Flower's Python API differs from 1.41's; the caller then runs ``flwr list``.
+    """
+    saved = dict(os.environ)
+    os.environ.update(env)  # Flower reads its home and ports from the environment
+    try:
+        from flwr.cli.flower_config import read_superlink_connection
+        from flwr.cli.utils import init_http_client_from_connection
+        from flwr.common.serde import run_from_proto
+        from flwr.proto.control_pb2 import ListRunsRequest
+
+        quiet = io.StringIO()  # as `flwr list`'s output is captured: its notices stay out of the log
+        with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+            client = init_http_client_from_connection(read_superlink_connection())
+            try:
+                runs = [run_from_proto(proto) for proto in client.ListRuns(ListRunsRequest()).run_dict.values()]
+            finally:
+                client.close()
+    except Exception:  # noqa: BLE001  (any failure: fall back to the command line)
+        return None
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    if not runs:
+        return None
+    status = max(runs, key=lambda run: run.pending_at).status
+    return f"{status.status}:{status.sub_status}" if status.sub_status else status.status
+
+
 def last_run_status(env: dict[str, str], app_dir: Path) -> str:
     """Status of the newest run on the local SuperLink, e.g. ``finished:completed``."""
+    status = status_from_control_api(env)
+    if status is not None:
+        return status
     out = subprocess.run(["flwr", "list", "--format", "json"], env=env, cwd=app_dir, capture_output=True, text=True)
     try:
         runs = json.loads(out.stdout).get("runs", [])
