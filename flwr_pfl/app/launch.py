@@ -171,7 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     config = default_run_config(overrides, app)
     supernodes = federation_size(int(config["num-clients"]), args.num_supernodes)
     federation = f"num-supernodes={supernodes} client-resources-num-cpus={args.cpus} client-resources-num-gpus={args.gpus}"
-    run_dir = app if args.no_stage else stage_app(app, flwr_home / "app")
+    # the app the installed package carries is already clean (its pyproject.toml alone; the code
+    # is the installed package): only a checkout is staged
+    bundled = app.resolve() == BUNDLED_APP.resolve()
+    run_dir = app if args.no_stage or bundled else stage_app(app, flwr_home / "app")
     command = [str(flwr), "run", str(run_dir), "--stream", "--federation-config", federation]
     if overrides:
         fused = flwr_home / "run-config.toml"
