@@ -60,7 +60,7 @@ def node_data(context: Context, settings: NodeSettings) -> ClientData:
         return run.client_data(pid, num, lambda: load_client_data(config, pid, num))
     spec, who = settings.data, node_label(context.node_id, context.node_config)
     return run.client_data(pid, num, lambda: load_node_data(
-        spec, val_fraction=config.val_fraction, test_fraction=config.test_fraction, seed=config.seed, who=who))
+        spec, val_fraction=config.val_fraction, test_fraction=config.test_fraction, seed=config.seed, who=who), spec)
 
 
 def node_answer(context: Context, config: Config) -> Config:
