@@ -43,6 +43,7 @@ def build_strategy(experiment: Experiment, writer: ResultsWriter | None = None, 
         round_timeout=run.round_timeout_seconds,
         seed=run.seed,
         num_rounds=run.num_server_rounds,
+        **run.reply_bounds,
         **spec.strategy_kwargs(experiment.options),
     )
     strategy.max_workers = workers or server_workers(experiment)
