@@ -13,9 +13,11 @@ registering the simulated nodes, and in a deployment nodes connect when they are
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from logging import WARNING
 
 from flwr.common import GetPropertiesIns, log
+from flwr.server.client_proxy import ClientProxy
 from flwr.server.compat.grid_client_proxy import GridClientProxy
 from flwr.serverapp import Grid
 
@@ -24,6 +26,16 @@ from flwr_pfl.errors import ConfigError
 
 #: seconds between two looks for registered nodes
 POLL_SECONDS = 0.2
+
+#: how the server addresses one node: ``(grid, node_id) -> ClientProxy``; the NumPyClient
+#: flavour's legacy messages by default, :class:`flwr_pfl.serverapp.nodes.MessageNode` in the
+#: Message-API flavour
+NodeProxy = Callable[[Grid, int], ClientProxy]
+
+
+def legacy_proxy(grid: Grid, node_id: int) -> ClientProxy:
+    """Flower's proxy of the legacy messages (what a ``client_fn`` ClientApp answers)."""
+    return GridClientProxy(node_id=node_id, grid=grid, run_id=grid.run.run_id)
 
 
 def wait_for_nodes(grid: Grid, timeout: float) -> list[int]:
@@ -45,25 +57,24 @@ def wait_for_nodes(grid: Grid, timeout: float) -> list[int]:
         time.sleep(POLL_SECONDS)
 
 
-def ask_a_node(grid: Grid, config: Config, timeout: float) -> Config:
+def ask_a_node(grid: Grid, config: Config, timeout: float, proxy: NodeProxy = legacy_proxy) -> Config:
     """One node's ``get_properties(config)`` answer; the registered nodes are asked in turn
-    until one answers (a node may fail on its own, e.g. on its data).
+    until one answers (a node may fail on its own, e.g. on its data). ``proxy`` addresses a node.
 
     Raises:
         RuntimeError: no node answered (naming each node's error).
     """
     errors = []
     for node_id in wait_for_nodes(grid, timeout):
-        proxy = GridClientProxy(node_id=node_id, grid=grid, run_id=grid.run.run_id)
         try:
-            return dict(proxy.get_properties(GetPropertiesIns(dict(config)), timeout=timeout, group_id=None).properties)
+            return dict(proxy(grid, node_id).get_properties(GetPropertiesIns(dict(config)), timeout=timeout, group_id=None).properties)
         except Exception as err:  # an error reply, or no reply
             log(WARNING, "node %d did not answer %s: %s", node_id, config, err)
             errors.append(f"node {node_id}: {err}")
     raise RuntimeError(f"no node answered the server's query {config}: " + "; ".join(errors))
 
 
-def federation_size(grid: Grid, timeout: float) -> int | None:
+def federation_size(grid: Grid, timeout: float, proxy: NodeProxy = legacy_proxy) -> int | None:
     """The number of partitions the federation's nodes were configured with (their
     ``num-partitions``), asked of one node; None when it does not say (a client from outside
     the suite, or a node config without ``num-partitions``).
@@ -71,7 +82,7 @@ def federation_size(grid: Grid, timeout: float) -> int | None:
     Raises:
         RuntimeError: no node answered.
     """
-    answer = ask_a_node(grid, FEDERATION_QUERY, timeout)
+    answer = ask_a_node(grid, FEDERATION_QUERY, timeout, proxy)
     try:
         size = int(answer[NUM_PARTITIONS])
     except (KeyError, TypeError, ValueError):
@@ -79,7 +90,7 @@ def federation_size(grid: Grid, timeout: float) -> int | None:
     return size if size > 0 else None
 
 
-def resolve_num_clients(grid: Grid, num_clients: int, timeout: float) -> int:
+def resolve_num_clients(grid: Grid, num_clients: int, timeout: float, proxy: NodeProxy = legacy_proxy) -> int:
     """``num-clients`` checked against the federation's size, or that size when it is 0. A set
     ``num-clients`` is taken as it is when the nodes do not say their size.
 
@@ -87,7 +98,7 @@ def resolve_num_clients(grid: Grid, num_clients: int, timeout: float) -> int:
         ConfigError: ``num_clients`` > 0 differs from the nodes' ``num-partitions``.
         RuntimeError: no node answered, or ``num_clients`` is 0 and the nodes do not say their size.
     """
-    size = federation_size(grid, timeout)
+    size = federation_size(grid, timeout, proxy)
     if size is None:
         if num_clients:
             return num_clients
