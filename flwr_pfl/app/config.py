@@ -16,7 +16,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from flwr_pfl.app.keys import flat_dict, keys_of, parse_options, parse_section, with_suggestions
+from flwr_pfl.app.keys import check_choice, flat_dict, keys_of, parse_options, parse_section, with_suggestions
 from flwr_pfl.app.registry import ALGORITHMS, get_algorithm
 from flwr_pfl.clients.base import TrainConfig
 from flwr_pfl.data.config import DataConfig
@@ -27,6 +27,10 @@ from flwr_pfl.training.optim import OptimizerConfig
 #: clients that the suite's own tools simulate (the launcher's federation, compare's in-process
 #: runs) when ``num-clients`` is 0, the federation's size, and so leaves the number to them
 SIMULATED_CLIENTS = 10
+
+
+#: the values of the run-config key ``api``: the Flower API the server and clients talk through
+APIS = ("numpyclient", "message")
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,10 @@ class RunConfig:
             grow) and ``checkpoint_interval``.
         checkpoint_interval: write ``checkpoint.npz`` after every this many rounds, and always
             after the last one.
+        api: which Flower API the server drives the algorithm through: ``numpyclient`` (the
+            legacy Strategy loop and NumPyClients) or ``message`` (the Message-API strategy of
+            :mod:`flwr_pfl.serverapp` and the ClientApp's ``train``/``evaluate``/``query``
+            handlers). Both run the same round logic and give the same numbers.
     """
 
     algorithm: str = "fedavg"
@@ -106,6 +114,7 @@ class RunConfig:
     server_workers: int = 0
     resume: bool = False
     checkpoint_interval: int = 1
+    api: str = "numpyclient"
 
     def __post_init__(self) -> None:
         get_algorithm(self.algorithm)
@@ -144,6 +153,7 @@ class RunConfig:
         if not self.output_dir:
             raise ConfigError("output-dir must not be empty")
         check_run_name(self.run_name)
+        check_choice("api", self.api, APIS)
         if self.resume and not self.run_name:
             raise ConfigError("resume=true needs run-name: the name of the run to continue under output-dir")
         self.optimizer_config()  # validates the optimizer and scheduler keys
