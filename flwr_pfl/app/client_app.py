@@ -112,7 +112,7 @@ def parameters_reply(message: Message, context: Context) -> Message:
     wire names (what a legacy client's ``get_parameters`` returns)."""
     _, config = messages.read_request(message.content)
     client = node_client(context)
-    content = RecordDict({messages.ARRAYS: messages.pack_arrays(client.get_parameters(config), client.wire_names())})
+    content = RecordDict({messages.ARRAYS: messages.pack_arrays(client.get_parameters(config), client.user_wire_names())})
     return Message(content, reply_to=message)
 
 

@@ -5,7 +5,9 @@ The round logic addresses arrays by position (the clients' ``wire_layout``: the 
 Message-API strategy with an ``ArrayRecord``, often of the whole model
 (``ArrayRecord(model.state_dict())``). :func:`select_wire_arrays` takes from such a record the
 arrays the wire carries, by name and in wire order, and refuses one that lacks some with a
-message naming what is missing and what is extra. A record named by position (``"0"``, ``"1"``,
+message naming what is missing and what is extra. Names are matched as the client's model has
+them or as the user's own model does (a user's model given with ``head=`` is wrapped by the
+client, its keys gaining a ``module.`` prefix: :meth:`~flwr_pfl.models.split.HeadSplit.user_key`). A record named by position (``"0"``, ``"1"``,
 ...) is taken as it is: it already is in wire order.
 """
 
@@ -20,6 +22,7 @@ from flwr.app import ArrayRecord
 from flwr_pfl.clients.base import WIRE_LAYOUT
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.messages import unpack_arrays
+from flwr_pfl.models.split import HeadSplit
 
 #: ``(name, shape)`` of each wire array, in order
 Layout = list[tuple[str, tuple[int, ...]]]
@@ -45,6 +48,16 @@ def parse_layout(properties: dict) -> Layout:
     return [(str(name), tuple(int(n) for n in shape)) for name, shape in json.loads(str(properties[WIRE_LAYOUT]))]
 
 
+def user_name(name: str) -> str:
+    """A wire name as the user's own model names the tensor."""
+    return HeadSplit.user_key(name)
+
+
+def _find(record: ArrayRecord, name: str) -> str | None:
+    """The key of ``record`` holding wire array ``name`` (its own or its user name), or None."""
+    return next((key for key in (name, user_name(name)) if key in record), None)
+
+
 def select_wire_arrays(record: ArrayRecord, layout: Layout) -> list[np.ndarray]:
     """The arrays of ``layout``, taken from ``record`` by name, in wire order.
 
@@ -52,10 +65,12 @@ def select_wire_arrays(record: ArrayRecord, layout: Layout) -> list[np.ndarray]:
         ConfigError: ``record`` lacks some of the layout's names (naming those and the names
             it has that the wire does not carry), or an array's shape is not the wire's.
     """
-    wanted = [name for name, _ in layout]
-    missing = [name for name in wanted if name not in record]
+    wanted = [user_name(name) for name, _ in layout]
+    keys = {name: _find(record, name) for name, _ in layout}
+    missing = [user_name(name) for name, key in keys.items() if key is None]
     if missing:
-        extra = [name for name in record.keys() if name not in set(wanted)]
+        used = {key for key in keys.values() if key is not None}
+        extra = [name for name in record.keys() if name not in used]
         raise ConfigError(
             f"initial_arrays lacks {len(missing)} array(s) the algorithm's wire carries: {_names(missing)}; "
             f"it has {len(extra)} the wire does not carry: {_names(extra)}. Pass the model's state_dict "
@@ -64,7 +79,7 @@ def select_wire_arrays(record: ArrayRecord, layout: Layout) -> list[np.ndarray]:
         )
     arrays = []
     for name, shape in layout:
-        array = record[name].numpy()
+        array = record[str(keys[name])].numpy()
         if tuple(array.shape) != shape:
             raise ConfigError(f"initial_arrays[{name!r}] has shape {tuple(array.shape)}; the clients' model has {shape}")
         arrays.append(array)

@@ -128,9 +128,7 @@ class MessageNode(ClientProxy):
 
     def evaluate_res(self, content: RecordDict) -> EvaluateRes:
         """An ``evaluate`` reply's content as EvaluateRes (one without ``loss`` is malformed)."""
-        num_examples, loss, metrics = messages.read_metrics(content)
-        if loss is None:
-            raise messages.MessageContentError(f"node {self.node_id}: the evaluate reply has no {messages.LOSS!r}")
+        loss, num_examples, metrics = messages.read_evaluate_reply(content)
         return EvaluateRes(_OK, loss, num_examples, metrics)
 
     # ------------------------------------------------------------------ ClientProxy

@@ -34,7 +34,7 @@ from flwr.serverapp.strategy import Strategy
 
 from flwr_pfl import messages
 from flwr_pfl.clients.base import WIRE_LAYOUT_QUERY
-from flwr_pfl.serverapp.layout import Layout, is_positional, parse_layout, record_arrays, select_wire_arrays
+from flwr_pfl.serverapp.layout import Layout, is_positional, parse_layout, record_arrays, select_wire_arrays, user_name
 from flwr_pfl.serverapp.nodes import EVALUATE, TRAIN, GridClientManager, MessageNode, NodeFailure, reply_content
 from flwr_pfl.strategies.base import PFLStrategy
 
@@ -108,7 +108,7 @@ class PFLMessageStrategy(Strategy):
             manager, lambda node: node.get_properties(GetPropertiesIns(dict(WIRE_LAYOUT_QUERY)), timeout, None).properties, "wire-layout"
         )
         layout = parse_layout(dict(answer))
-        self.wire_names = [name for name, _ in layout]
+        self.wire_names = [user_name(name) for name, _ in layout]
         return layout
 
     def initial_parameters(self, manager: GridClientManager) -> Parameters:
