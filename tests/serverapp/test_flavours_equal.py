@@ -18,7 +18,7 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, RecordDict
 
-from app.test_reruns import base_config, differences, domain_dataset  # noqa: F401 - a fixture
+from app.test_reruns import FDA, base_config, differences, domain_dataset  # noqa: F401 - a fixture
 from flwr_pfl.app.checkpoint import CHECKPOINT_NAME, read_checkpoint
 from flwr_pfl.app.client_app import app as client_app
 from flwr_pfl.app.export import MODEL_FILE
@@ -30,7 +30,10 @@ PARTICIPATION = {"full": {"fraction-fit": 1.0, "fraction-evaluate": 1.0}, "parti
 
 
 def run(tmp_path: Path, dataset: str, algorithm: str, api: str, participation: str) -> dict[str, Any]:
-    cfg = base_config(tmp_path, dataset, algorithm, api, api=api, **PARTICIPATION[participation])
+    fractions = dict(PARTICIPATION[participation])
+    if algorithm in FDA:  # the FedGP/FedDA family trains every client (the paper's protocol): sample evaluation only
+        fractions["fraction-fit"] = 1.0
+    cfg = base_config(tmp_path, dataset, algorithm, api, api=api, **fractions)
     grid = run_inprocess(server_app, client_app, cfg["num-clients"], cfg)
     out = tmp_path / api
     model = out / MODEL_FILE
