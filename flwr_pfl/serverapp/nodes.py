@@ -47,7 +47,7 @@ TRAIN, EVALUATE, QUERY, PARAMETERS = "train", "evaluate", "query", "query.parame
 #: seconds between two looks for registered nodes
 POLL_SECONDS = 0.2
 #: names of the wire arrays when known (None: arrays are named by position)
-WireNames = Callable[[], "Sequence[str] | None"]
+WireNames = Callable[[], Sequence[str] | None]
 
 
 class NodeFailure(RuntimeError):
