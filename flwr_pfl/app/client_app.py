@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 
-from flwr.app import Context, Message, RecordDict
+from flwr.app import Context, Message
 from flwr.client import Client, ClientApp
 from flwr.clientapp.typing import ClientAppCallable
 
@@ -142,18 +142,8 @@ def client_fn(context: Context) -> Client:
     return node_client(context).to_client()
 
 
-def parameters_reply(message: Message, context: Context) -> Message:
-    """The reply to ``query.parameters``: the client's initial shared arrays, named by its
-    wire names (what a legacy client's ``get_parameters`` returns)."""
-    _, config = messages.read_request(message.content)
-    client = node_client(context)
-    content = RecordDict({messages.ARRAYS: messages.pack_arrays(client.get_parameters(config), client.user_wire_names())})
-    return Message(content, reply_to=message)
-
-
 #: the Message-API handlers (``train``, ``evaluate``, ``query``, ``query.parameters``)
 message_app = register_handlers(ClientApp(), node_client)
-message_app.query("parameters")(parameters_reply)
 
 
 def is_message_api(message: Message) -> bool:

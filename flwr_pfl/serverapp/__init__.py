@@ -1,7 +1,8 @@
 """flwr_pfl's algorithms as Flower Message-API strategies (``flwr.serverapp.strategy.Strategy``).
 
 Every flwr_pfl strategy has a Message-API class here with the same name and the same
-constructor arguments: ``FEDORA``, ``FedAvg``, ``FedAvgMultiHead``, ``FedDA``, ``FedDAR``,
+constructor arguments (Flower's Message-API names ``fraction_train``, ``min_train_nodes``,
+``min_evaluate_nodes``, ``min_available_nodes`` are taken too): ``FEDORA``, ``FedAvg``, ``FedAvgMultiHead``, ``FedDA``, ``FedDAR``,
 ``FedFMTL``, ``FedGP``, ``FedPer``, ``FedRep``, ``Finetune``, ``Local``, ``PFedFDA``,
 ``ReweightedFedAvg``, ``SeparateFedAvg``, ``SourceOnly``, ``TargetOnly``. Use them as any
 Flower strategy, with clients registered by :func:`flwr_pfl.clientapp.register_handlers`::
@@ -14,7 +15,7 @@ Flower strategy, with clients registered by :func:`flwr_pfl.clientapp.register_h
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        strategy = FedRep(num_clients=10, fraction_fit=0.5, num_rounds=20)
+        strategy = FedRep(num_clients=10, fraction_train=0.5, num_rounds=20)
         result = strategy.start(grid=grid, initial_arrays=ArrayRecord(Net().state_dict()), num_rounds=20)
 
 Design: one copy of each algorithm. The round logic (which nodes a round samples, what each
@@ -43,7 +44,24 @@ from flwr_pfl.serverapp.algorithms import MESSAGE_STRATEGIES, message_flavour
 from flwr_pfl.serverapp.nodes import GridClientManager, MessageNode, NodeFailure
 from flwr_pfl.serverapp.strategy import PFLMessageStrategy
 
-globals().update(MESSAGE_STRATEGIES)
+# one name per class, spelled out for readers and type checkers (the test suite checks that
+# these are exactly MESSAGE_STRATEGIES)
+FEDORA = MESSAGE_STRATEGIES["FEDORA"]
+FedAvg = MESSAGE_STRATEGIES["FedAvg"]
+FedAvgMultiHead = MESSAGE_STRATEGIES["FedAvgMultiHead"]
+FedDA = MESSAGE_STRATEGIES["FedDA"]
+FedDAR = MESSAGE_STRATEGIES["FedDAR"]
+FedFMTL = MESSAGE_STRATEGIES["FedFMTL"]
+FedGP = MESSAGE_STRATEGIES["FedGP"]
+FedPer = MESSAGE_STRATEGIES["FedPer"]
+FedRep = MESSAGE_STRATEGIES["FedRep"]
+Finetune = MESSAGE_STRATEGIES["Finetune"]
+Local = MESSAGE_STRATEGIES["Local"]
+PFedFDA = MESSAGE_STRATEGIES["PFedFDA"]
+ReweightedFedAvg = MESSAGE_STRATEGIES["ReweightedFedAvg"]
+SeparateFedAvg = MESSAGE_STRATEGIES["SeparateFedAvg"]
+SourceOnly = MESSAGE_STRATEGIES["SourceOnly"]
+TargetOnly = MESSAGE_STRATEGIES["TargetOnly"]
 
 __all__ = [
     "GridClientManager", "MESSAGE_STRATEGIES", "MessageNode", "NodeFailure", "PFLMessageStrategy",
