@@ -3,7 +3,8 @@
 Flower calls the app once per message. What does not change between messages (the parsed run
 config, the node's data, an initialised model) is built once per process and reused
 (:mod:`flwr_pfl.app.client_cache`); a reused model is reset to its freshly built state, so every
-message computes exactly what it would with everything built anew.
+message computes exactly what it would with everything built anew. A node given ``state-dir`` in
+its node config keeps its ``context.state`` on disk too (:mod:`flwr_pfl.app.node_state`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from flwr.client import Client, ClientApp
 from flwr_pfl.app.client_cache import ClientCache
 from flwr_pfl.app.config import Experiment
 from flwr_pfl.app.node_client import NodeClient
+from flwr_pfl.app.node_state import persisted
 from flwr_pfl.clients.base import LocalData, PFLClient
 from flwr_pfl.data.types import ClientData
 from flwr_pfl.errors import ConfigError
@@ -95,6 +97,8 @@ app = ClientApp(client_fn=client_fn)
 
 @app.lifespan()
 def _one_message(context: Context) -> Iterator[None]:
-    """Every message leases its model from the pool and gives it back when done."""
-    with CACHE.message():
+    """Every message leases its model from the pool and gives it back when done; with the node's
+    ``state-dir`` set, a restarted node's state is read back before the message and a changed
+    state written after it (:mod:`flwr_pfl.app.node_state`)."""
+    with CACHE.message(), persisted(context):
         yield
