@@ -61,6 +61,8 @@ class Fleet:
         self.node_ports = [free_port() for _ in range(num_nodes)]
         self.superlink_security: list[str] = ["--insecure"]
         self.supernode_security: list[str] = ["--insecure"]
+        #: node ``i``'s node-config entries beyond its partition (e.g. ``state-dir='...'``)
+        self.node_config: Callable[[int], str] = lambda i: ""
 
     def start(self, name: str, args: list[str]) -> subprocess.Popen:
         log = (self.home / f"{name}.log").open("ab")
@@ -86,7 +88,8 @@ class Fleet:
         return [
             str(BIN / "flower-supernode"), *self.supernode_security, *extra,
             "--superlink", f"127.0.0.1:{self.superlink_port}",
-            "--port", str(self.node_ports[i]), "--node-config", f"partition-id={partition} num-partitions={self.num_partitions}",
+            "--port", str(self.node_ports[i]),
+            "--node-config", f"partition-id={partition} num-partitions={self.num_partitions} {self.node_config(i)}".strip(),
         ]
 
     def start_supernode(self, i: int, *extra: str) -> None:
