@@ -267,27 +267,39 @@ def restore(context: Context) -> bool:
     path = state_path(directory, ident)
     if not path.exists():
         return False
+    header = read_header(path)
+    if header is not None and not _continues(header, ident, path):
+        return False  # another run's state: not even read
     try:
         header, state = decode(path.read_bytes())
         _check_owner(header, ident)
     except (OSError, StateFileError) as err:
         _reject(path, str(err))
         return False
-    if header["flower-run-id"] != ident.flower_run_id:
-        if not ident.resume:
-            log(INFO, "node state %s is from an earlier run (Flower run %d) that this run does not resume "
-                "(resume=false); partition %d starts afresh and its state will replace the file",
-                path, header["flower-run-id"], ident.partition_id)
-            return False
-        if header["config-digest"] != ident.config_digest:
-            log(WARNING, "node state %s was written under another configuration than this resumed run's; "
-                "partition %d starts afresh and its state will replace the file", path, ident.partition_id)
-            return False
+    if not _continues(header, ident, path):
+        return False
     restores = int(state[RESTORED_KEY]["restores"]) if RESTORED_KEY in state.config_records else 0
     for key, record in state.items():
         context.state[key] = record
     context.state[RESTORED_KEY] = ConfigRecord({"restores": restores + 1})
     log(INFO, "restored the node state of partition %d from %s (%d records)", ident.partition_id, path, len(state))
+    return True
+
+
+def _continues(header: Mapping[str, Any], ident: StateIdentity, path: Path) -> bool:
+    """Whether this run continues the state of ``header``: the same Flower run (a node that
+    restarted), or the run it resumes under the same configuration; logs why not."""
+    if header["flower-run-id"] == ident.flower_run_id:
+        return True
+    if not ident.resume:
+        log(INFO, "node state %s is from an earlier run (Flower run %d) that this run does not resume "
+            "(resume=false); partition %d starts afresh and its state will replace the file",
+            path, header["flower-run-id"], ident.partition_id)
+        return False
+    if header["config-digest"] != ident.config_digest:
+        log(WARNING, "node state %s was written under another configuration than this resumed run's; "
+            "partition %d starts afresh and its state will replace the file", path, ident.partition_id)
+        return False
     return True
 
 
@@ -333,9 +345,18 @@ def persist(context: Context) -> bool:
 @contextmanager
 def persisted(context: Context) -> Iterator[None]:
     """Restore before the body runs, persist after it (also after it failed: the file mirrors
-    what the node holds in memory). For a ClientApp's ``@app.lifespan()``."""
+    what the node holds in memory). For a ClientApp's ``@app.lifespan()``.
+
+    A state that cannot be written (a full or read-only disk) is logged as a warning, not
+    raised: the message's reply stands and the node goes on with its state in memory; only a
+    restart before the next successful write would lose it.
+    """
     restore(context)
     try:
         yield
     finally:
-        persist(context)
+        try:
+            persist(context)
+        except OSError as err:
+            log(WARNING, "could not write the node state to %s: %s; this node keeps its state in memory only "
+                "until a later write succeeds", context.node_config.get(NODE_CONFIG_KEY), err)

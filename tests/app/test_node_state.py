@@ -284,3 +284,23 @@ def test_decode_accepts_what_encode_writes(tmp_path):
     assert header["partition-id"] == 2 and header["run-name"] == "exp" and header["flower-run-id"] == 7
     assert_same(every_kind(), state)
     assert os.path.basename(state_path(tmp_path, identity(ctx))) == "partition-2.state"
+
+
+def test_a_state_that_cannot_be_written_is_a_warning_not_a_failed_message(tmp_path, caplog, monkeypatch):
+    ctx = node(tmp_path)
+
+    def full(path, blob):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(node_state, "write_atomic", full)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        with persisted(ctx):
+            ctx.state["personal"] = ArrayRecord([np.ones(2)])
+    assert "could not write the node state" in caplog.text and "No space left" in caplog.text
+    assert "personal" in ctx.state
+
+
+def test_another_runs_file_is_not_read_past_its_header(tmp_path, monkeypatch):
+    saved(tmp_path, run_id=7)
+    monkeypatch.setattr(node_state, "decode", lambda blob: pytest.fail("the body of another run's file was read"))
+    assert not restore(node(tmp_path, run_id=8))
