@@ -11,7 +11,8 @@ handlers, so :data:`app` is the ``client_fn`` app with a mod that hands Message-
 Flower calls the app once per message. What does not change between messages (the parsed run
 config, the node's data, an initialised model) is built once per process and reused
 (:mod:`flwr_pfl.app.client_cache`); a reused model is reset to its freshly built state, so every
-message computes exactly what it would with everything built anew.
+message computes exactly what it would with everything built anew. A node given ``state-dir`` in
+its node config keeps its ``context.state`` on disk too (:mod:`flwr_pfl.app.node_state`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from flwr_pfl.app.node_settings import NodeSettings, node_label
 from flwr_pfl.app.nodes import DESCRIBE_DATA, NODE_ERROR, data_answer
 from flwr_pfl.clients.base import NUM_PARTITIONS, Config, LocalData, PFLClient
 from flwr_pfl.data.node_files import class_names, load_node_data
+from flwr_pfl.app.node_state import persisted
 from flwr_pfl.data.types import ClientData
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.models import EncoderHeadModel, build_model
@@ -161,6 +163,8 @@ app = ClientApp(client_fn=client_fn, mods=[dispatch])
 
 @app.lifespan()
 def _one_message(context: Context) -> Iterator[None]:
-    """Every message leases its model from the pool and gives it back when done."""
-    with CACHE.message():
+    """Every message leases its model from the pool and gives it back when done; with the node's
+    ``state-dir`` set, a restarted node's state is read back before the message and a changed
+    state written after it (:mod:`flwr_pfl.app.node_state`)."""
+    with CACHE.message(), persisted(context):
         yield

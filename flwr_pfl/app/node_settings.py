@@ -49,6 +49,8 @@ NODE_KEYS: dict[str, str] = {
                    "data shows)",
     "image-size": "'<height>x<width>' images are resized to (absent: their own size, equal for all images)",
     "image-channels": "1 (grey) or 3 (RGB) channels of images (default 3)",
+    "state-dir": "a directory on this node where its personal state is kept across restarts "
+                 "(flwr_pfl.app.node_state; absent: in memory only)",
 }
 #: the data keys that need ``data-path``
 _DATA_KEYS = ("data-test-path", "data-test-fraction", "data-split-seed", "num-classes", "num-domains",

@@ -1,15 +1,17 @@
 """Helpers for the loopback deployment tests: free ports, a private FLWR_HOME, and the
 SuperLink / SuperNode / `flwr` processes of one deployment, each in its own process group and
-all killed when the test ends (the ``fleet`` fixture)."""
+all killed when the test ends (the ``fleet`` fixture); a Ray cluster likewise (``ray_cluster``)."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -61,6 +63,8 @@ class Fleet:
         self.node_ports = [free_port() for _ in range(num_nodes)]
         self.superlink_security: list[str] = ["--insecure"]
         self.supernode_security: list[str] = ["--insecure"]
+        #: node ``i``'s node-config entries beyond its partition (e.g. ``state-dir='...'``)
+        self.node_config: Callable[[int], str] = lambda i: ""
 
     def start(self, name: str, args: list[str]) -> subprocess.Popen:
         log = (self.home / f"{name}.log").open("ab")
@@ -86,7 +90,8 @@ class Fleet:
         return [
             str(BIN / "flower-supernode"), *self.supernode_security, *extra,
             "--superlink", f"127.0.0.1:{self.superlink_port}",
-            "--port", str(self.node_ports[i]), "--node-config", f"partition-id={partition} num-partitions={self.num_partitions}",
+            "--port", str(self.node_ports[i]),
+            "--node-config", f"partition-id={partition} num-partitions={self.num_partitions} {self.node_config(i)}".strip(),
         ]
 
     def start_supernode(self, i: int, *extra: str) -> None:
@@ -161,3 +166,69 @@ def make_fleet(tmp_path) -> Iterator[Callable[..., Fleet]]:
 def fleet(make_fleet) -> Fleet:
     """Three SuperNodes, three partitions."""
     return make_fleet()
+
+
+class RayCluster:
+    """A Ray cluster on loopback: ``ray start --block`` processes, each in its own process group
+    (killed at the end: never ``ray stop``, which stops every Ray instance on the machine), with
+    ``RAY_TMPDIR`` private, so that a bare ``ray.init()`` elsewhere does not find this cluster.
+    ``env`` (with ``RAY_ADDRESS``) attaches Ray clients, ``ray status`` and ``flwr`` to it."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        # a short directory: Ray's Unix socket paths under it must stay within 107 bytes
+        self.ray_dir = Path(tempfile.mkdtemp(prefix="rpfl-"))
+        self.port = free_port()
+        self.env = {**os.environ, **ENV, "RAY_TMPDIR": str(self.ray_dir), "RAY_USAGE_STATS_ENABLED": "0",
+                    "RAY_ADDRESS": f"127.0.0.1:{self.port}"}
+        self.procs: list[subprocess.Popen] = []
+
+    def _start(self, name: str, args: list[str], num_cpus: int) -> None:
+        log = (self.home / f"{name}.log").open("ab")
+        self.procs.append(subprocess.Popen(
+            [str(BIN / "ray"), "start", *args, "--block", "--node-ip-address", "127.0.0.1",
+             "--num-cpus", str(num_cpus), "--disable-usage-stats"],
+            env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        ))
+
+    def start_head(self, num_cpus: int = 1) -> None:
+        self._start("ray-head", ["--head", "--port", str(self.port), "--include-dashboard=false"], num_cpus)
+
+    def add_node(self, num_cpus: int = 1) -> None:
+        self._start(f"ray-node-{len(self.procs)}", ["--address", f"127.0.0.1:{self.port}"], num_cpus)
+
+    def status(self) -> str:
+        """``ray status`` (empty while the cluster does not answer)."""
+        result = subprocess.run([str(BIN / "ray"), "status"], env=self.env, capture_output=True, text=True, timeout=60)
+        return result.stdout if result.returncode == 0 else ""
+
+    def wait_for_cpus(self, cpus: float, timeout: float = 120) -> None:
+        end = time.time() + timeout
+        while time.time() < end:
+            if f"/{cpus:.1f} CPU" in self.status():
+                return
+            time.sleep(1)
+        raise TimeoutError(f"the Ray cluster did not report {cpus} CPUs within {timeout:.0f} s")
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)  # `ray start` and the Ray processes of its node
+                proc.wait(timeout=30)
+            except ProcessLookupError:
+                pass
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+        self.procs.clear()
+        shutil.rmtree(self.ray_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def ray_cluster(tmp_path) -> Iterator[RayCluster]:
+    """An empty :class:`RayCluster` (start its head and nodes), stopped at the end."""
+    cluster = RayCluster(tmp_path)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
