@@ -172,6 +172,8 @@ def _rss_and_peak_mb(pid: int) -> tuple[float, float]:
 PHASE_MARKS = (
     ("superlink", "Using SuperLink"),
     ("simulation", "Starting Flower Simulation"),
+    ("serverapp", "Starting Flower ServerApp"),
+    ("first_reply", "Received initial parameters"),
     ("first_round", "[ROUND 1]"),
     ("summary", "[SUMMARY]"),
     ("status", "run status:"),
@@ -242,6 +244,18 @@ def round_times(run_dir: Path) -> dict[str, Any]:
         previous = ends[k]
     aggregate = [r.get("aggregate_seconds", 0.0) for r in rows if r["phase"] == "fit"]
     return {"rounds": rounds, "aggregate": aggregate}
+
+
+def portable(value: Any) -> Any:
+    """``value`` with this checkout's and the home directory's paths written relative to them
+    (``docs/...``, ``~/...``), so that results files name no machine's folders."""
+    if isinstance(value, str):
+        return value.replace(str(REPO_ROOT) + os.sep, "").replace(str(REPO_ROOT), ".").replace(str(Path.home()), "~")
+    if isinstance(value, dict):
+        return {k: portable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [portable(v) for v in value]
+    return value
 
 
 def mean(values: Sequence[float]) -> float:

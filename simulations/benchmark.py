@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_common import machine, peak_memory_mb, report, reset_peak_memory, run_child
+from bench_common import machine, peak_memory_mb, portable, report, reset_peak_memory, run_child
 
 from flwr_pfl.app.client_app import app as client_app
 from flwr_pfl.app.config import parse_experiment
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
         "fedavg_round_vs_floor": results["fedavg"]["round_seconds"] / floor["round_seconds"] if "fedavg" in results else None,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "benchmark.json").write_text(json.dumps(summary, indent=2))
+    (args.out / "benchmark.json").write_text(json.dumps(portable(summary), indent=2))
     md = table(results, floor)
     (args.out / "benchmark.md").write_text(md + "\n")
     print(md)

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_common import (
-    fmt, launch, machine, markdown_table, mean, peak_memory_mb, report, reset_peak_memory, round_times, run_child,
+    fmt, launch, machine, markdown_table, mean, peak_memory_mb, portable, report, reset_peak_memory, round_times, run_child,
 )
 
 
@@ -195,7 +195,8 @@ def measure(args: argparse.Namespace, engine: str, clients: int, repeat: int) ->
     if engine in ("floor", "inprocess", "breakdown"):
         return run_child([str(Path(__file__).resolve()), "--child", engine, "--config", json.dumps(config)], args.timeout)
     workers = int(engine.split("-w")[1]) if "-w" in engine else 0
-    result = launch(config | {"server-workers": workers}, args.out / "runs" / "flwr-home-overhead", args.port, args.timeout)
+    result = launch(config | ({"server-workers": workers} if workers else {}), args.out / "runs" / "flwr-home-overhead",
+                    args.port, args.timeout)
     if result["status"] == "ok":
         steady = round_times(args.out / "runs" / name)["rounds"][1:]
         result["round_seconds"] = mean(steady)
@@ -280,7 +281,7 @@ def main(argv: list[str] | None = None) -> None:
                    "summary": {e: {str(k): v for k, v in by_k.items()} for e, by_k in summary.items()},
                    "breakdown": breakdown, "runs": {e: {str(k): v for k, v in by_k.items()} for e, by_k in results.items()}}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "overhead.json").write_text(json.dumps(report_data, indent=1))
+    (args.out / "overhead.json").write_text(json.dumps(portable(report_data), indent=1))
     text = tables(summary, breakdown, args.breakdown)
     (args.out / "overhead.md").write_text(text + "\n")
     print(text)

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_common import (
-    fmt, launch, loglog_slope, machine, markdown_table, mean, peak_memory_mb, report, round_times, run_child,
+    fmt, launch, loglog_slope, machine, markdown_table, mean, peak_memory_mb, portable, report, round_times, run_child,
 )
 
 ROUNDS = 4
@@ -160,11 +160,11 @@ def main(argv: list[str] | None = None) -> None:
                     if path.exists() and not args.force:
                         continue
                     result = measure(args, engine, algorithm, clients) | {"machine": machine()}
-                    path.write_text(json.dumps(result, indent=1))
+                    path.write_text(json.dumps(portable(result), indent=1))
                     print(f"{engine} {algorithm} K={clients}: {result['status']} round {fmt(result.get('round_seconds'))} s, "
                           f"total {fmt(result.get('wall_seconds'))} s", flush=True)
     results = load_results(folder)
-    (args.out / f"scale{args.tag}.json").write_text(json.dumps(results, indent=1))
+    (args.out / f"scale{args.tag}.json").write_text(json.dumps(portable(results), indent=1))
     text = table(results)
     (args.out / f"scale{args.tag}.md").write_text(text + "\n")
     print(text)
