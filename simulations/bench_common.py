@@ -7,6 +7,7 @@ Every measured configuration runs in a process of its own, so that its peak memo
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -228,6 +229,30 @@ def launch(run_config: dict[str, Any], flwr_home: Path, port: int, timeout: floa
 
 
 # ------------------------------------------------------------------------------ results
+class RoundClock:
+    """Wall and CPU time at the end of every round, from the results writer's callback."""
+
+    def __init__(self) -> None:
+        self.ends: dict[int, tuple[float, float]] = {}
+        from flwr_pfl.app import results
+
+        original = results.ResultsWriter.on_round
+
+        @functools.wraps(original)
+        def on_round(writer, server_round, phase, metrics, clients):
+            original(writer, server_round, phase, metrics, clients)
+            self.ends[server_round] = (time.perf_counter(), time.process_time())
+
+        results.ResultsWriter.on_round = on_round
+
+    def steady(self, last: int | None = None) -> tuple[float, float]:
+        """Mean wall and CPU seconds of rounds 2..``last`` (default: the last round)."""
+        rounds = [r for r in sorted(self.ends) if last is None or r <= last]
+        walls = [self.ends[b][0] - self.ends[a][0] for a, b in zip(rounds, rounds[1:])]
+        cpus = [self.ends[b][1] - self.ends[a][1] for a, b in zip(rounds, rounds[1:])]
+        return mean(walls), mean(cpus)
+
+
 def round_times(run_dir: Path) -> dict[str, Any]:
     """Per-round wall times and server aggregation times from a run's ``timings.json``.
 

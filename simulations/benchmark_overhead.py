@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from bench_common import (
-    fmt, launch, machine, markdown_table, mean, peak_memory_mb, portable, report, reset_peak_memory, round_times, run_child,
+    RoundClock, fmt, launch, machine, markdown_table, mean, peak_memory_mb, portable, report, reset_peak_memory, round_times,
+    run_child,
 )
 
 
@@ -52,30 +53,6 @@ def workload(clients: int, rounds: int, data_dir: str, out: Path, name: str) -> 
 
 
 # ------------------------------------------------------------------------------ children
-class RoundClock:
-    """Wall and CPU time at the end of every round, from the results writer's callback."""
-
-    def __init__(self) -> None:
-        self.ends: dict[int, tuple[float, float]] = {}
-        from flwr_pfl.app import results
-
-        original = results.ResultsWriter.on_round
-
-        @functools.wraps(original)
-        def on_round(writer, server_round, phase, metrics, clients):
-            original(writer, server_round, phase, metrics, clients)
-            self.ends[server_round] = (time.perf_counter(), time.process_time())
-
-        results.ResultsWriter.on_round = on_round
-
-    def steady(self) -> tuple[float, float]:
-        """Mean wall and CPU seconds of rounds 2..R."""
-        rounds = sorted(self.ends)
-        walls = [self.ends[b][0] - self.ends[a][0] for a, b in zip(rounds, rounds[1:])]
-        cpus = [self.ends[b][1] - self.ends[a][1] for a, b in zip(rounds, rounds[1:])]
-        return mean(walls), mean(cpus)
-
-
 def child_inprocess(config: dict[str, Any]) -> None:
     import torch
 

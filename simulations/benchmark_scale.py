@@ -14,7 +14,8 @@ Every configuration (algorithm, K, engine) runs in a fresh process and is writte
 configurations already there (``--force`` measures them again), so a long sweep can be stopped
 and resumed. Reported per configuration:
 
-* round: mean wall time of rounds 2 and 3 (round 1 also starts workers, loads data, asks every
+* round: mean wall time of rounds 2 and 3 (in-process also its CPU time, steadier on a shared
+  machine) (round 1 also starts workers, loads data, asks every
   client for its partition id and, for FEDORA, collects every client's subspace; round 4 is
   pFedFDA's full evaluation);
 * first round and total wall time;
@@ -45,7 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from bench_common import (
-    fmt, launch, loglog_slope, machine, markdown_table, mean, peak_memory_mb, portable, report, round_times, run_child,
+    RoundClock, fmt, launch, loglog_slope, machine, markdown_table, mean, peak_memory_mb, portable, report, round_times,
+    run_child,
 )
 
 ROUNDS = 4
@@ -72,8 +74,9 @@ def child_inprocess(config: dict[str, Any]) -> None:
     from flwr_pfl.app.inprocess import run_inprocess
     from flwr_pfl.app.server_app import app as server_app
 
+    clock = RoundClock()
     run_inprocess(server_app, client_app, config["num-clients"], config)
-    report({"peak_memory_mb": peak_memory_mb()})
+    report({"peak_memory_mb": peak_memory_mb(), "round_cpu_seconds": clock.steady(last=STEADY.stop)[1]})
 
 
 def measure(args: argparse.Namespace, engine: str, algorithm: str, clients: int) -> dict[str, Any]:
@@ -106,12 +109,13 @@ def table(results: list[dict[str, Any]]) -> str:
         ok = r["status"] == "ok"
         rows.append([
             r["algorithm"], r["engine"], r["clients"], max(1, r["clients"] // 10),
-            fmt(r.get("round_seconds")) if ok else r["status"], fmt(r.get("first_round_seconds")) if ok else "",
+            fmt(r.get("round_seconds")) if ok else r["status"], fmt(r.get("round_cpu_seconds")) if ok else "",
+            fmt(r.get("first_round_seconds")) if ok else "",
             fmt(r.get("wall_seconds")), fmt(r.get("server_seconds")) if ok else "",
             fmt(r.get("peak_memory_mb")) if ok else "", fmt(r.get("server_peak_mb")) if ok else "",
         ])
     text = markdown_table(
-        ["algorithm", "engine", "K", "sampled", "round (s)", "first round (s)", "total (s)", "server (s)",
+        ["algorithm", "engine", "K", "sampled", "round (s)", "round CPU (s)", "first round (s)", "total (s)", "server (s)",
          "peak memory (MiB)", "ServerApp process peak (MiB)"], rows)
     slopes = []
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -122,10 +126,12 @@ def table(results: list[dict[str, Any]]) -> str:
         ks = [r["clients"] for r in rs]
         slopes.append([algorithm, engine, ", ".join(str(k) for k in sorted(ks)),
                        fmt(loglog_slope(ks, [r["round_seconds"] for r in rs]), 2),
+                       fmt(loglog_slope(ks, [r.get("round_cpu_seconds", float("nan")) for r in rs]), 2),
                        fmt(loglog_slope(ks, [r["server_seconds"] for r in rs]), 2),
                        fmt(loglog_slope(ks, [r["peak_memory_mb"] for r in rs]), 2)])
     text += ("\n\nGrowth with K (exponent b of time ~ K^b, least squares on log-log over K >= 100; "
-             "1 = linear):\n\n" + markdown_table(["algorithm", "engine", "K measured", "round", "server", "peak memory"], slopes))
+             "1 = linear):\n\n" + markdown_table(["algorithm", "engine", "K measured", "round", "round CPU", "server", "peak memory"],
+                                                  slopes))
     return text
 
 
