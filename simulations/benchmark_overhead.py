@@ -172,7 +172,7 @@ def measure(args: argparse.Namespace, engine: str, clients: int, repeat: int) ->
     if engine in ("floor", "inprocess", "breakdown"):
         return run_child([str(Path(__file__).resolve()), "--child", engine, "--config", json.dumps(config)], args.timeout)
     workers = int(engine.split("-w")[1]) if "-w" in engine else 0
-    result = launch(config | ({"server-workers": workers} if workers else {}), args.out / "runs" / "flwr-home-overhead",
+    result = launch(config | ({"server-workers": workers} if workers else {}), args.out / "runs" / "flwr-home-overhead" / name,
                     args.port, args.timeout)
     if result["status"] == "ok":
         steady = round_times(args.out / "runs" / name)["rounds"][1:]

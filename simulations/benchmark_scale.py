@@ -85,7 +85,8 @@ def measure(args: argparse.Namespace, engine: str, algorithm: str, clients: int)
     if engine == "inprocess":
         result = run_child([str(Path(__file__).resolve()), "--child", "--config", json.dumps(config)], args.timeout)
     else:
-        result = launch(config, args.out / "runs" / "flwr-home-scale", args.port, args.timeout, ["--gpus", str(args.gpus)])
+        # a Flower home of its own: the memory sampler finds this run's processes by it
+        result = launch(config, args.out / "runs" / "flwr-home-scale" / name, args.port, args.timeout, ["--gpus", str(args.gpus)])
         result["peak_memory_mb"] = result.pop("peak_total_mb", float("nan"))
     if result["status"] == "ok":
         times = round_times(args.out / "runs" / "scale" / name)
