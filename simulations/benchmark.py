@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -65,6 +66,7 @@ def workload(args: argparse.Namespace, algorithm: str) -> dict[str, Any]:
 
 def measure_algorithm(args: argparse.Namespace, algorithm: str) -> dict[str, float]:
     """Run one algorithm through Flower in-process and summarise its costs per round."""
+    shutil.rmtree(args.out / "runs" / algorithm, ignore_errors=True)  # the previous benchmark's run
     reset_peak_memory()
     start = time.perf_counter()
     grid = run_inprocess(server_app, client_app, args.clients, workload(args, algorithm))

@@ -16,14 +16,14 @@ for family in $families; do
         for layout in skew iid; do
           extra=(); out="docs/results/pfedfda_${d}_shift_skew"
           if [ "$layout" = iid ]; then extra=(-c "partitioner='one-domain-per-client'"); out="docs/results/pfedfda_${d}_shift"; fi
-          "$PY" -m flwr_pfl.app.compare -c "simulations/pfedfda_${d}_shift.toml" \
+          "$PY" -m flwr_pfl.app.compare -c "flwr_pfl/presets/pfedfda_${d}_shift.toml" \
               -c "num-server-rounds=20" -c "local-epochs=2" -c "download=false" "${extra[@]}" \
               --algorithms pfedfda fedavg finetune fedrep fedper local --seeds $SEEDS --reuse --out "$out"
         done
       done ;;
     fmtl)
       for p in fmnist_100x2 fmnist_100x5 mnist_100x2 mnist_100x5; do
-        "$PY" -m flwr_pfl.app.compare -c "simulations/fmtl_$p.toml" \
+        "$PY" -m flwr_pfl.app.compare -c "flwr_pfl/presets/fmtl_$p.toml" \
             -c "num-server-rounds=20" -c "fmtl.t1-rounds=15" -c "learning-rate=0.05" \
             -c "fraction-evaluate=1.0" -c "download=false" --algorithms fedavg fmtl --seeds $SEEDS --reuse \
             --out "docs/results/fmtl_$p"

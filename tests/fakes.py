@@ -13,7 +13,16 @@ from types import ModuleType
 
 import numpy as np
 import torch
-from flwr.common import Code, FitRes, GetPropertiesRes, Status, ndarrays_to_parameters
+from flwr.common import (
+    Code,
+    EvaluateRes,
+    FitRes,
+    GetParametersRes,
+    GetPropertiesRes,
+    Status,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from torch import nn
@@ -58,6 +67,31 @@ class FakeProxy(ClientProxy):
         raise NotImplementedError
 
 
+class NumPyProxy(FakeProxy):
+    """A proxy around a real NumPyClient, as Flower's engines are: ``fit`` / ``evaluate`` /
+    ``get_parameters`` call the client with the instruction's arrays and config; every config
+    received is recorded in ``fit_configs`` / ``evaluate_configs``."""
+
+    def __init__(self, cid: str, pid: int, client) -> None:
+        super().__init__(cid, pid)
+        self.client = client
+        self.fit_configs: list[dict] = []
+        self.evaluate_configs: list[dict] = []
+
+    def get_parameters(self, ins, timeout, group_id):
+        return GetParametersRes(Status(Code.OK, ""), ndarrays_to_parameters(self.client.get_parameters(dict(ins.config))))
+
+    def fit(self, ins, timeout, group_id):
+        self.fit_configs.append(dict(ins.config))
+        arrays, n, metrics = self.client.fit(parameters_to_ndarrays(ins.parameters), dict(ins.config))
+        return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), n, metrics)
+
+    def evaluate(self, ins, timeout, group_id):
+        self.evaluate_configs.append(dict(ins.config))
+        loss, n, metrics = self.client.evaluate(parameters_to_ndarrays(ins.parameters), dict(ins.config))
+        return EvaluateRes(Status(Code.OK, ""), loss, n, metrics)
+
+
 def client_manager(proxies: Iterable[ClientProxy]) -> SimpleClientManager:
     """A ``SimpleClientManager`` with every proxy of ``proxies`` registered."""
     cm = SimpleClientManager()
@@ -93,8 +127,9 @@ def pfedfda_wire(backbone_value: float = 0.0, mu=None, cov=None) -> list[np.ndar
 
 
 def pfedfda_strategy(**kwargs) -> PFedFDA:
-    """A PFedFDA strategy over 10 clients (fraction 0.3, seed 0); ``kwargs`` override."""
-    return PFedFDA(**({"num_clients": 10, "fraction_fit": 0.3, "seed": 0, "wait_timeout": 5} | kwargs))
+    """A PFedFDA strategy over 10 clients (fraction 0.3, seed 0, a 1000-round run: no test
+    reaches its full last round unless it sets ``num_rounds``); ``kwargs`` override."""
+    return PFedFDA(**({"num_clients": 10, "fraction_fit": 0.3, "seed": 0, "wait_timeout": 5, "num_rounds": 1000} | kwargs))
 
 
 def ready_pfedfda_strategy(**kwargs) -> PFedFDA:
@@ -126,6 +161,58 @@ def assert_arrays_close(actual, expected, atol: float = 1e-6) -> None:
     assert len(actual) == len(expected)
     for a, e in zip(actual, expected):
         np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(e, np.float64), rtol=1e-5, atol=atol)
+
+
+# ------------------------------------------------------------------------------ a user's own model and data
+class QuickNet(nn.Module):
+    """Flower quickstart-pytorch's ``Net`` shrunk for tests: conv1, pool, conv2, fc1, fc2, fc3 on
+    (3, 16, 16) images; ``fc3`` maps fc2's 12 features to the classes."""
+
+    def __init__(self, num_classes: int = 3) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 4, 3)
+        self.pool = nn.MaxPool2d(2, 2)
+        self.conv2 = nn.Conv2d(4, 6, 3)
+        self.fc1 = nn.Linear(6 * 2 * 2, 16)
+        self.fc2 = nn.Linear(16, 12)
+        self.fc3 = nn.Linear(12, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(torch.relu(self.conv1(x)))
+        x = self.pool(torch.relu(self.conv2(x)))
+        x = torch.flatten(x, 1)
+        x = torch.relu(self.fc1(x))
+        x = torch.relu(self.fc2(x))
+        return self.fc3(x)
+
+
+def image_tensors(n: int, seed: int, num_classes: int = 3, num_domains: int = 2) -> tuple[torch.Tensor, ...]:
+    """``n`` random (3, 16, 16) images whose class shifts their mean, labels cycling through the
+    classes, domain labels cycling through the domains (x float32, y and domain int64)."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.arange(n) % num_classes
+    d = (torch.arange(n) // num_classes) % num_domains
+    x = torch.randn(n, 3, 16, 16, generator=g) + 0.5 * y.float().reshape(-1, 1, 1, 1)
+    return x, y, d
+
+
+class DictImages(torch.utils.data.Dataset):
+    """A map-style dataset of dicts, as Hugging Face / flwr-datasets give them: sample i is
+    ``{input_key: x[i], target_key: y[i]}`` plus ``{domain_key: d[i]}`` when a domain key is given."""
+
+    def __init__(self, x, y, d=None, input_key: str = "img", target_key: str = "label", domain_key: str | None = None) -> None:
+        self.x, self.y, self.d = x, y, d
+        self.keys = (input_key, target_key, domain_key)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        input_key, target_key, domain_key = self.keys
+        item = {input_key: self.x[i], target_key: self.y[i]}
+        if domain_key is not None:
+            item[domain_key] = self.d[i]
+        return item
 
 
 # ------------------------------------------------------------------------------ data

@@ -15,6 +15,7 @@ from flwr.client import Client, ClientApp
 
 from flwr_pfl.app.client_cache import ClientCache
 from flwr_pfl.app.config import Experiment
+from flwr_pfl.app.node_client import NodeClient
 from flwr_pfl.clients.base import LocalData, PFLClient
 from flwr_pfl.data.types import ClientData
 from flwr_pfl.errors import ConfigError
@@ -26,7 +27,8 @@ CACHE = ClientCache()
 
 
 def node_partition(context: Context, experiment: Experiment) -> tuple[int, int]:
-    """(partition id, number of partitions) from the node's config, checked against num-clients."""
+    """(partition id, number of partitions) from the node's config, checked against num-clients
+    (0: the federation's size, whatever the node config says)."""
     try:
         partition_id = int(context.node_config["partition-id"])
         num_partitions = int(context.node_config["num-partitions"])
@@ -35,10 +37,11 @@ def node_partition(context: Context, experiment: Experiment) -> tuple[int, int]:
             f"node config lacks {err.args[0]!r}; start SuperNodes with "
             "--node-config \"partition-id=<i> num-partitions=<n>\""
         ) from None
-    if num_partitions != experiment.run.num_clients:
+    if experiment.run.num_clients and num_partitions != experiment.run.num_clients:
         raise ConfigError(
             f"the federation has num-partitions={num_partitions} but num-clients="
-            f"{experiment.run.num_clients}; make them equal (simulation: num-supernodes)"
+            f"{experiment.run.num_clients}; make them equal (simulation: num-supernodes), or set "
+            "num-clients=0 to use the federation's size"
         )
     return partition_id, num_partitions
 
@@ -84,7 +87,7 @@ def build_client(context: Context) -> PFLClient:
 
 
 def client_fn(context: Context) -> Client:
-    return build_client(context).to_client()
+    return NodeClient(context, build_client).to_client()
 
 
 app = ClientApp(client_fn=client_fn)

@@ -3,7 +3,7 @@
 Every paper's claim is a comparison, so this runs a list of algorithms on one configuration
 (a preset plus overrides), optionally over several seeds, and writes one table and one plot::
 
-    python -m flwr_pfl.app.compare -c simulations/fmnist_label_skew.toml \\
+    python -m flwr_pfl.app.compare -c fmnist_label_skew \\
         --algorithms fedavg finetune fedrep fedper local --seeds 0 1 2 --out docs/results/fmnist
 
 Each run goes through the real strategies and clients, on the in-process grid (default: fast,
@@ -19,12 +19,13 @@ import argparse
 import json
 import logging
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from flwr_pfl.app.config import Experiment, parse_experiment
+from flwr_pfl.app.config import SIMULATED_CLIENTS, Experiment, parse_experiment
 from flwr_pfl.app.keys import with_suggestions
 from flwr_pfl.app.registry import ALGORITHMS
 from flwr_pfl.errors import ConfigError
@@ -59,7 +60,11 @@ def run_one(run_config: dict[str, Any], engine: str, reuse: bool = False) -> lis
     experiment = parse_experiment(run_config)
     if reuse and finished(experiment):
         logging.getLogger("flwr").warning("reusing the finished run %s", experiment.output_path())
-    elif engine == "ray":
+        return _evaluation_rows(experiment)
+    # The comparison owns <out>/runs/: a run it starts again replaces the earlier one there (the
+    # app itself never overwrites a run's directory).
+    shutil.rmtree(experiment.output_path(), ignore_errors=True)
+    if engine == "ray":
         from flwr_pfl.app.simulation import run_ray_simulation
 
         run_ray_simulation(run_config, experiment.run.num_clients)
@@ -69,6 +74,10 @@ def run_one(run_config: dict[str, Any], engine: str, reuse: bool = False) -> lis
         from flwr_pfl.app.server_app import app as server_app
 
         run_inprocess(server_app, client_app, experiment.run.num_clients, run_config)
+    return _evaluation_rows(experiment)
+
+
+def _evaluation_rows(experiment: Experiment) -> list[dict[str, Any]]:
     rows = json.loads((experiment.output_path() / "metrics.json").read_text())
     return [r for r in rows if r["phase"] == "evaluate"]
 
@@ -191,6 +200,8 @@ def run_configs(base_config: dict[str, Any], algorithms: list[str], seeds: list[
     must stop it at once, not after the runs listed before it. Every name is checked against
     the registry (all unknown names in one message, with the closest known ones), then every
     algorithm's config is parsed and its strategy built, and every failure is reported together.
+    ``num-clients = 0`` (the federation's size) becomes
+    :data:`~flwr_pfl.app.config.SIMULATED_CLIENTS`: this tool makes the federation.
 
     Raises:
         ConfigError: unknown algorithm names, or configurations that do not parse.
@@ -201,8 +212,10 @@ def run_configs(base_config: dict[str, Any], algorithms: list[str], seeds: list[
             f"--algorithms: unknown algorithm name(s) {with_suggestions(unknown, ALGORITHMS)}; "
             f"allowed: {', '.join(sorted(ALGORITHMS))}"
         )
+    num_clients = int(base_config.get("num-clients", 0)) or SIMULATED_CLIENTS
     configs = {
-        a: [{**base_config, "algorithm": a, "seed": seed, "output-dir": str(out / "runs"), "run-name": f"{a}-s{seed}"}
+        a: [{**base_config, "algorithm": a, "seed": seed, "num-clients": num_clients, "output-dir": str(out / "runs"),
+             "run-name": f"{a}-s{seed}"}
             for seed in seeds]
         for a in algorithms
     }
@@ -255,13 +268,12 @@ def compare(
 
 
 def main(argv: list[str] | None = None) -> None:
-    from flwr.common.config import get_fused_config_from_dir
-
-    from flwr_pfl.app.launch import REPO_ROOT
+    from flwr_pfl.app.appdir import default_run_config
     from flwr_pfl.app.overrides import parse_overrides
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-c", "--run-config", action="append", default=[], help="preset TOML or 'k=v' overrides; repeatable")
+    parser.add_argument("-c", "--run-config", action="append", default=[],
+                        help="a preset (TOML path or shipped name, e.g. tiny) or 'k=v' overrides; repeatable")
     parser.add_argument("--algorithms", nargs="+", required=True)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -273,8 +285,8 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     torch.set_num_threads(1)
-    base = get_fused_config_from_dir(REPO_ROOT, parse_overrides(args.run_config))
-    summary = compare(dict(base), args.algorithms, args.seeds, args.out, args.engine, args.reuse)
+    base = default_run_config(parse_overrides(args.run_config))
+    summary = compare(base, args.algorithms, args.seeds, args.out, args.engine, args.reuse)
     print(markdown(summary))
     if any(math.isnan(f["mean"]) for s in summary.values() for f in s.values()):
         raise SystemExit("some runs produced NaN figures")

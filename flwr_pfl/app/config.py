@@ -11,18 +11,22 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from flwr_pfl.app.keys import flat_dict, keys_of, parse_section, with_suggestions
+from flwr_pfl.app.keys import flat_dict, keys_of, parse_options, parse_section, with_suggestions
 from flwr_pfl.app.registry import ALGORITHMS, get_algorithm
 from flwr_pfl.clients.base import TrainConfig
 from flwr_pfl.data.config import DataConfig
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.models import MODEL_NAMES
 from flwr_pfl.training.optim import OptimizerConfig
+
+#: clients that the suite's own tools simulate (the launcher's federation, compare's in-process
+#: runs) when ``num-clients`` is 0, the federation's size, and so leaves the number to them
+SIMULATED_CLIENTS = 10
 
 
 @dataclass(frozen=True)
@@ -32,28 +36,52 @@ class RunConfig:
     Attributes:
         algorithm: a registered algorithm name (see ``flwr_pfl.app.registry``).
         num_server_rounds: communication rounds.
-        num_clients: clients in the federation; in simulation it must equal the
-            federation's ``num-supernodes``.
+        num_clients: clients in the federation; 0 (the default) means the federation's size:
+            each client takes ``num-partitions`` from its node config and the server asks a
+            connected node for it. A value > 0 must equal the federation's size (in simulation
+            ``num-supernodes``); clients refuse a federation of another size.
         fraction_fit / fraction_evaluate: fraction of clients sampled per round.
         local_epochs, batch_size, optimizer, learning_rate, momentum, weight_decay: local training.
+            ``optimizer`` is any ``torch.optim`` optimizer name, any case (sgd, adam, adamw,
+            rmsprop, ...); momentum reaches the optimizers that take one (sgd, rmsprop).
+        optimizer_options: further keyword arguments of the optimizer, written as in Python
+            (``"betas=(0.9, 0.99), eps=1e-8"``; :func:`~flwr_pfl.app.keys.parse_options`).
+        lr_scheduler: a ``torch.optim.lr_scheduler`` name, any case (steplr, onecyclelr, ...;
+            empty: none), stepped after every optimizer step and restarted every round
+            (:mod:`flwr_pfl.training.optim`); lr_scheduler_options: its keyword arguments.
         model: an encoder + heads model name; feature_dim its representation width (0 = default).
         seed: seeds sampling, initialisation, partitions and shuffling.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:<i>``.
         num_threads: torch CPU threads per client and for the server's tensor work (0 = torch's
             default); results are bit-identical across engines only at the same count.
         output_dir: where runs are written (``~`` expanded; made absolute).
-        run_name: sub-directory of the run; empty = ``<algorithm>-<dataset>-<timestamp>``.
-        wait_timeout: seconds the server waits for ``num_clients`` clients.
+        run_name: sub-directory of the run (one path component: no separator, not ``.`` or
+            ``..``); empty = ``<algorithm>-<dataset>-<timestamp>``. A directory that already
+            holds a run is not overwritten: resume it or choose another name.
+        wait_timeout: seconds the server waits for ``min_clients`` connected clients before each
+            sampling (then gives up with an error naming the numbers).
+        min_clients: the least connected clients a round goes on with; 0 = ``num_clients`` (the
+            whole federation: a run starts only when every partition is there and rounds wait
+            for a node that left, which keeps simulation runs repeatable). Lower it on a fleet
+            whose nodes come and go: rounds then sample among the nodes that are connected.
+        round_timeout: seconds a client has to answer one exchange of a round (fit, evaluate and
+            the algorithms' own exchanges); a client that has not answered by then is dropped
+            from that round and logged, and the round goes on with the replies in hand.
+            0 = no limit (a hung client blocks the round).
         server_workers: clients the server contacts at once (the threads of Flower's legacy
             server loop and of the strategies' own exchanges); 0 = the app's choice (up to 32;
             one on the in-process grid).
         resume: continue the run in ``output_dir/run_name`` from its ``checkpoint.npz``
-            (server state; client state lives on the clients); false starts afresh.
+            (server state; client state lives on the clients); false starts afresh. The
+            configuration must equal the checkpoint's except ``num_server_rounds`` (which may
+            grow) and ``checkpoint_interval``.
+        checkpoint_interval: write ``checkpoint.npz`` after every this many rounds, and always
+            after the last one.
     """
 
     algorithm: str = "fedavg"
     num_server_rounds: int = 5
-    num_clients: int = 10
+    num_clients: int = 0
     fraction_fit: float = 1.0
     fraction_evaluate: float = 1.0
     local_epochs: int = 1
@@ -62,6 +90,9 @@ class RunConfig:
     learning_rate: float = 0.05
     momentum: float = 0.5
     weight_decay: float = 0.0
+    optimizer_options: str = ""
+    lr_scheduler: str = ""
+    lr_scheduler_options: str = ""
     model: str = "cnn28"
     feature_dim: int = 0
     seed: int = 0
@@ -70,18 +101,22 @@ class RunConfig:
     output_dir: str = "~/flwr_pfl_outputs"
     run_name: str = ""
     wait_timeout: float = 600.0
+    min_clients: int = 0
+    round_timeout: float = 0.0
     server_workers: int = 0
     resume: bool = False
+    checkpoint_interval: int = 1
 
     def __post_init__(self) -> None:
         get_algorithm(self.algorithm)
         for key, value, low in (
             ("num-server-rounds", self.num_server_rounds, 1),
-            ("num-clients", self.num_clients, 1),
+            ("num-clients", self.num_clients, 0),
             ("local-epochs", self.local_epochs, 0),
             ("batch-size", self.batch_size, 1),
             ("feature-dim", self.feature_dim, 0),
             ("num-threads", self.num_threads, 0),
+            ("checkpoint-interval", self.checkpoint_interval, 1),
             ("server-workers", self.server_workers, 0),
         ):
             if value < low:
@@ -89,7 +124,7 @@ class RunConfig:
         for key, value in (("fraction-fit", self.fraction_fit), ("fraction-evaluate", self.fraction_evaluate)):
             if not 0.0 <= value <= 1.0:
                 raise ConfigError(f"{key}={value} is out of range; must be in [0, 1]")
-        if self.fraction_fit * self.num_clients < 1 and self.fraction_fit > 0:
+        if self.num_clients and self.fraction_fit * self.num_clients < 1 and self.fraction_fit > 0:
             raise ConfigError(
                 f"fraction-fit={self.fraction_fit} samples no client out of num-clients={self.num_clients}"
             )
@@ -97,12 +132,59 @@ class RunConfig:
             raise ConfigError(f"model={self.model!r} is unknown; allowed: {', '.join(MODEL_NAMES)}")
         if self.wait_timeout <= 0:
             raise ConfigError(f"wait-timeout={self.wait_timeout} must be > 0 seconds")
+        # with num-clients = 0 (the federation's size, resolved at the run's start) the bound
+        # is checked again once the size is known (with_num_clients)
+        if self.min_clients < 0 or (self.num_clients and self.min_clients > self.num_clients):
+            raise ConfigError(
+                f"min-clients={self.min_clients} is out of range; must be in [0, num-clients={self.num_clients}] "
+                "(0 = num-clients: wait for the whole federation)"
+            )
+        if self.round_timeout < 0:
+            raise ConfigError(f"round-timeout={self.round_timeout} must be >= 0 seconds (0 = no limit)")
         if not self.output_dir:
             raise ConfigError("output-dir must not be empty")
-        self.optimizer_config()  # validates optimizer, learning-rate, momentum, weight-decay
+        check_run_name(self.run_name)
+        if self.resume and not self.run_name:
+            raise ConfigError("resume=true needs run-name: the name of the run to continue under output-dir")
+        self.optimizer_config()  # validates the optimizer and scheduler keys
+
+    @property
+    def min_available_clients(self) -> int:
+        """``min-clients`` resolved: the least connected clients a round goes on with."""
+        return self.min_clients or self.num_clients
+
+    @property
+    def round_timeout_seconds(self) -> float | None:
+        """``round-timeout`` as Flower takes it: seconds, or None for no limit."""
+        return self.round_timeout or None
 
     def optimizer_config(self) -> OptimizerConfig:
-        return OptimizerConfig(self.optimizer, self.learning_rate, self.momentum, self.weight_decay)
+        return OptimizerConfig(
+            self.optimizer,
+            self.learning_rate,
+            self.momentum,
+            self.weight_decay,
+            options=parse_options("optimizer-options", self.optimizer_options),
+            scheduler=self.lr_scheduler,
+            scheduler_options=parse_options("lr-scheduler-options", self.lr_scheduler_options),
+        )
+
+    def output_root(self) -> Path:
+        """``output-dir`` with ``~`` expanded, absolute: the parent of every run's directory."""
+        return Path(os.path.expanduser(self.output_dir)).resolve()
+
+
+def check_run_name(name: str) -> None:
+    """ConfigError unless ``name`` is empty or one plain path component, so that a run is
+    always written inside ``output-dir``."""
+    if not name:
+        return
+    separators = {"/", "\\", os.sep} | ({os.altsep} if os.altsep else set())
+    if name in (".", "..") or any(s in name for s in separators) or "\0" in name or os.path.isabs(name):
+        raise ConfigError(
+            f"run-name={name!r} must be a plain directory name inside output-dir (no path separators, "
+            "not '.' or '..', not absolute); to write elsewhere, set output-dir"
+        )
 
 
 @dataclass(frozen=True)
@@ -116,6 +198,11 @@ class Experiment:
     @property
     def algorithm(self):
         return get_algorithm(self.run.algorithm)
+
+    def with_num_clients(self, num_clients: int) -> Experiment:
+        """This experiment on a federation of ``num_clients`` (``num-clients = 0`` resolved),
+        validated again (e.g. ``fraction-fit`` must sample at least one of them)."""
+        return replace(self, run=replace(self.run, num_clients=num_clients))
 
     @property
     def train_config(self) -> TrainConfig:
@@ -132,7 +219,7 @@ class Experiment:
         name = self.run.run_name or (
             f"{self.run.algorithm}-{self.data.dataset}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
         )
-        return Path(os.path.expanduser(self.run.output_dir)).resolve() / name
+        return self.run.output_root() / name
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved configuration as flat run-config keys (written with every run)."""

@@ -8,6 +8,7 @@ field's type here, and ranges by the dataclass's own ``__post_init__``.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
 import typing
@@ -81,3 +82,40 @@ def parse_section(cls: type[T], raw: Mapping[str, Any], prefix: str = "") -> T:
 def flat_dict(instance: Any, prefix: str = "") -> dict[str, Any]:
     """The instance's fields as run-config keys (the inverse of :func:`parse_section`)."""
     return {key_of(f.name, prefix): getattr(instance, f.name) for f in dataclasses.fields(instance) if f.init}
+
+
+#: lower-case spellings of the booleans accepted in option strings, besides Python's True/False
+_BOOLEANS = {"true": True, "false": False}
+
+
+def parse_options(key: str, text: str) -> dict[str, Any]:
+    """Keyword options written as in a Python call, e.g. ``"betas=(0.9, 0.99), eps=1e-8"``.
+
+    Flower's run-config values are flat scalars, so a torch constructor's keyword arguments travel
+    as one string (keys such as ``optimizer-options``). Values are Python literals: numbers,
+    ``True``/``False`` (or ``true``/``false``), ``None``, quoted strings, tuples and lists; nothing
+    is executed. An empty string means no options.
+    """
+    if not text.strip():
+        return {}
+    example = f"{key}='betas=(0.9, 0.99), eps=1e-8'"
+    try:
+        call = ast.parse(f"f({text})", mode="eval").body
+    except SyntaxError as err:
+        raise ConfigError(f"{key}={text!r} is not a list of name=value options ({err.msg}); write e.g. {example}") from None
+    if not isinstance(call, ast.Call) or call.args or any(kw.arg is None for kw in call.keywords):
+        raise ConfigError(f"{key}={text!r}: every option needs a name (name=value, comma-separated); write e.g. {example}")
+    out: dict[str, Any] = {}
+    for kw in call.keywords:
+        node = kw.value
+        if isinstance(node, ast.Name) and node.id in _BOOLEANS:
+            out[str(kw.arg)] = _BOOLEANS[node.id]
+            continue
+        try:
+            out[str(kw.arg)] = ast.literal_eval(node)
+        except ValueError:
+            raise ConfigError(
+                f"{key}: the value of {kw.arg!r} ({ast.unparse(node)}) must be a literal: a number, True/False, "
+                "None, a quoted string, or a tuple of these"
+            ) from None
+    return out

@@ -2,36 +2,41 @@
 
 ``python -m flwr_pfl.app.launch [-c OVERRIDES]...`` does what a careful user would type by hand:
 
+* runs the ``flwr`` of its own Python environment (beside its interpreter, before ``PATH``, whose
+  directory it also puts first on the ``PATH`` of the processes ``flwr`` starts), so that
+  ``.venv/bin/python -m flwr_pfl.app.launch`` works without activating the environment;
+* runs the suite's Flower App from a source checkout or, installed from a wheel, from the copy
+  of the app that the package carries (:mod:`flwr_pfl.app.appdir`), from any directory;
 * sets the environment ``flwr run`` needs offline (no per-run dependency install, which would
   fetch torch again; no telemetry; no update check);
-* sizes the simulated federation from the run config (``num-supernodes = num-clients``) and
-  gives each client ``--cpus`` CPUs and ``--gpus`` of a GPU;
+* sizes the simulated federation from the run config (``num-supernodes = num-clients``, or
+  ``--num-supernodes`` when ``num-clients`` is 0, the federation's size) and gives each client
+  ``--cpus`` CPUs and ``--gpus`` of a GPU;
 * hands ``flwr run`` a clean copy of the app (``pyproject.toml`` and the app's packages, under
   ``<flwr-home>/app``), so the bundle it builds skips virtual environments, outputs and tests;
 * uses a private Flower home and port, so no SuperLink left over from another project (with
   another environment) is reused, and stops the SuperLink it started when the run ends;
-* checks the run's final status, as ``flwr list`` shows it (``flwr run`` exits 0 even when the app
+* checks the run's final status with ``flwr list`` (``flwr run`` exits 0 even when the app
   failed) and exits non-zero unless the run finished successfully.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from flwr.common.config import get_fused_config_from_dir
-
+from flwr_pfl.app.appdir import BUNDLED_APP, app_dir, default_run_config
+from flwr_pfl.app.config import SIMULATED_CLIENTS
 from flwr_pfl.app.overrides import parse_overrides, to_toml
 from flwr_pfl.app.staging import stage_app
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 SAFE_ENV = {
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
     "FLWR_TELEMETRY_ENABLED": "0",
@@ -40,66 +45,97 @@ SAFE_ENV = {
 }
 
 
-def flwr_env(flwr_home: Path, port: int) -> dict[str, str]:
-    """The environment for ``flwr`` commands: safe defaults, a private home and ports."""
+def flwr_executable() -> Path:
+    """The ``flwr`` command of this Python environment (beside ``sys.executable``), else the
+    first on ``PATH``.
+
+    Raises:
+        FileNotFoundError: there is none, with what to install.
+    """
+    beside = Path(sys.executable).parent / "flwr"  # not resolved: a venv's python is a symlink
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return beside
+    found = shutil.which("flwr")
+    if found is None:
+        raise FileNotFoundError(
+            f"no 'flwr' command beside {sys.executable} nor on PATH; install Flower in this "
+            "environment: pip install \"flwr[simulation]>=1.41,<1.43\""
+        )
+    return Path(found)
+
+
+def flwr_env(flwr_home: Path, port: int, flwr: Path | None = None) -> dict[str, str]:
+    """The environment for ``flwr`` commands: safe defaults, a private home and ports, and
+    ``flwr``'s directory first on ``PATH`` (``flwr`` starts ``flower-superlink``, which starts
+    further Flower commands, by name)."""
+    bin_dir = str((flwr or flwr_executable()).parent)
+    path = os.environ.get("PATH", "")
     return {
         **os.environ,
         **SAFE_ENV,
+        "PATH": bin_dir + (os.pathsep + path if path else ""),
         "FLWR_HOME": str(flwr_home),
         "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(port),
         "FLWR_LOCAL_CONTROL_API_PORT": str(port + 1),
     }
 
 
-def stop_superlink(flwr_home: Path) -> None:
-    """Stop the SuperLink (and its SuperExec) that ``flwr run`` started under ``flwr_home``."""
+def default_flwr_home(app: Path) -> Path:
+    """``<app>/.flwr``, except for the app that the installed package carries (inside
+    site-packages, no place for run state): ``~/.cache/flwr_pfl/flwr-home``."""
+    if app.resolve() == BUNDLED_APP.resolve():
+        return Path.home() / ".cache" / "flwr_pfl" / "flwr-home"
+    return app / ".flwr"
+
+
+def federation_size(num_clients: int, num_supernodes: int | None) -> int:
+    """SuperNodes to simulate: ``num-clients``, or ``--num-supernodes`` (default
+    :data:`~flwr_pfl.app.config.SIMULATED_CLIENTS`) when ``num-clients`` is 0.
+
+    Raises:
+        SystemExit: both are given and differ.
+    """
+    if num_clients > 0:
+        if num_supernodes is not None and num_supernodes != num_clients:
+            raise SystemExit(
+                f"--num-supernodes={num_supernodes} disagrees with num-clients={num_clients}; "
+                "drop one, or set num-clients=0 (the federation's size)"
+            )
+        return num_clients
+    return num_supernodes if num_supernodes is not None else SIMULATED_CLIENTS
+
+
+def stop_superlink(flwr_home: Path, timeout: float = 15.0) -> None:
+    """Stop the SuperLink (and its SuperExec) that ``flwr run`` started under ``flwr_home``, and
+    wait up to ``timeout`` seconds for it to exit: until then it holds its port, and the next
+    ``flwr`` command on that port would use it instead of starting its own."""
     result = subprocess.run(["pgrep", "-f", f"flower-superlink.*{flwr_home}"], capture_output=True, text=True)
-    for pid in result.stdout.split():
+    pids = [int(pid) for pid in result.stdout.split()]
+    for pid in pids:
         try:
-            os.kill(int(pid), signal.SIGTERM)
+            os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
+    deadline = time.monotonic() + timeout
+    while pids and time.monotonic() < deadline:
+        pids = [pid for pid in pids if _alive(pid)]
+        if pids:
+            time.sleep(0.1)
 
 
-def status_from_control_api(env: dict[str, str]) -> str | None:
-    """The newest run's status, asked of the SuperLink's Control API from this process.
-
-    The same query as ``flwr list``, without starting Flower's command line a second time (a
-    second or two of every launch). None when it cannot be answered this way, e.g. where
-    Flower's Python API differs from 1.41's; the caller then runs ``flwr list``.
-    """
-    saved = dict(os.environ)
-    os.environ.update(env)  # Flower reads its home and ports from the environment
+def _alive(pid: int) -> bool:
     try:
-        from flwr.cli.flower_config import read_superlink_connection
-        from flwr.cli.utils import init_http_client_from_connection
-        from flwr.common.serde import run_from_proto
-        from flwr.proto.control_pb2 import ListRunsRequest
-
-        quiet = io.StringIO()  # as `flwr list`'s output is captured: its notices stay out of the log
-        with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
-            client = init_http_client_from_connection(read_superlink_connection())
-            try:
-                runs = [run_from_proto(proto) for proto in client.ListRuns(ListRunsRequest()).run_dict.values()]
-            finally:
-                client.close()
-    except Exception:  # noqa: BLE001  (any failure: fall back to the command line)
-        return None
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-    if not runs:
-        return None
-    status = max(runs, key=lambda run: run.pending_at).status
-    return f"{status.status}:{status.sub_status}" if status.sub_status else status.status
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, someone else's
+        return True
+    return True
 
 
-def last_run_status(env: dict[str, str], app_dir: Path) -> str:
+def last_run_status(env: dict[str, str], flwr: Path | str = "flwr") -> str:
     """Status of the newest run on the local SuperLink, e.g. ``finished:completed``."""
-    status = status_from_control_api(env)
-    if status is not None:
-        return status
-    out = subprocess.run(["flwr", "list", "--format", "json"], env=env, cwd=app_dir, capture_output=True, text=True)
+    out = subprocess.run([str(flwr), "list", "--format", "json"], env=env, capture_output=True, text=True)
     try:
         runs = json.loads(out.stdout).get("runs", [])
     except json.JSONDecodeError:
@@ -112,34 +148,44 @@ def last_run_status(env: dict[str, str], app_dir: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-c", "--run-config", action="append", default=[], help="as for flwr run: 'k=v k2=v2' or a TOML file; repeatable")
-    parser.add_argument("--app", type=Path, default=REPO_ROOT, help="the Flower App directory (default: this repository)")
+    parser.add_argument("-c", "--run-config", action="append", default=[], help="'k=v k2=v2', a TOML file, or a shipped preset's name (e.g. tiny); repeatable, later wins")
+    parser.add_argument("--app", type=Path, default=None,
+                        help="the Flower App directory (default: this checkout, or the app the installed package carries)")
+    parser.add_argument("--num-supernodes", type=int, default=None,
+                        help=f"simulated clients when num-clients is 0 (default {SIMULATED_CLIENTS}); otherwise num-clients")
     parser.add_argument("--cpus", type=int, default=1, help="CPUs per simulated client (default 1)")
     parser.add_argument("--gpus", type=float, default=0.0, help="fraction of a GPU per simulated client (e.g. 0.25)")
-    parser.add_argument("--flwr-home", type=Path, default=None, help="Flower home (default: <app>/.flwr)")
+    parser.add_argument("--flwr-home", type=Path, default=None,
+                        help="Flower home (default: <app>/.flwr in a checkout, else ~/.cache/flwr_pfl/flwr-home)")
     parser.add_argument("--port", type=int, default=39291, help="private SuperLink HTTP port (default 39291)")
     parser.add_argument("--keep-superlink", action="store_true", help="leave the SuperLink running afterwards")
     parser.add_argument("--no-stage", action="store_true", help="run the app directory itself, not a clean copy of it")
     args = parser.parse_args(argv)
 
-    app_dir = args.app.resolve()
-    flwr_home = (args.flwr_home or app_dir / ".flwr").resolve()
+    app = (args.app or app_dir()).resolve()
+    flwr_home = (args.flwr_home or default_flwr_home(app)).resolve()
     flwr_home.mkdir(parents=True, exist_ok=True)
-    env = flwr_env(flwr_home, args.port)
+    flwr = flwr_executable()
+    env = flwr_env(flwr_home, args.port, flwr)
     overrides = parse_overrides(args.run_config)
-    config = get_fused_config_from_dir(app_dir, overrides)
-    num_clients = int(config["num-clients"])
-    federation = f"num-supernodes={num_clients} client-resources-num-cpus={args.cpus} client-resources-num-gpus={args.gpus}"
-    run_dir = app_dir if args.no_stage else stage_app(app_dir, flwr_home / "app")
-    command = ["flwr", "run", str(run_dir), "--stream", "--federation-config", federation]
+    config = default_run_config(overrides, app)
+    supernodes = federation_size(int(config["num-clients"]), args.num_supernodes)
+    federation = f"num-supernodes={supernodes} client-resources-num-cpus={args.cpus} client-resources-num-gpus={args.gpus}"
+    # the app the installed package carries is already clean (its pyproject.toml alone; the code
+    # is the installed package): only a checkout is staged
+    bundled = app.resolve() == BUNDLED_APP.resolve()
+    run_dir = app if args.no_stage or bundled else stage_app(app, flwr_home / "app")
+    command = [str(flwr), "run", str(run_dir), "--stream", "--federation-config", federation]
     if overrides:
         fused = flwr_home / "run-config.toml"
         fused.write_text(to_toml(overrides))
         command += ["--run-config", str(fused)]
     print(f"$ {' '.join(command)}", flush=True)
     try:
-        code = subprocess.run(command, env=env, cwd=app_dir).returncode
-        status = last_run_status(env, app_dir) if code == 0 else f"flwr run exited with {code}"
+        # From the caller's directory: the SuperLink (and so the ServerApp) resolves relative
+        # paths such as output-dir against its working directory.
+        code = subprocess.run(command, env=env).returncode
+        status = last_run_status(env, flwr) if code == 0 else f"flwr run exited with {code}"
     finally:
         if not args.keep_superlink:
             stop_superlink(flwr_home)

@@ -19,6 +19,8 @@ def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float
 def plot_learning_curves(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     """Accuracy (weighted mean with the min-max band across clients) and loss per round."""
     metrics = [m for m in ("accuracy", "loss") if any(f"{m}_wmean" in r for r in rows)]
+    if not metrics:
+        return  # no round has a weighted mean to draw
     fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 3.6), squeeze=False)
     for ax, metric in zip(axes[0], metrics):
         rounds, mean = _series(rows, f"{metric}_wmean")

@@ -2,22 +2,31 @@
 
 from __future__ import annotations
 
-from logging import INFO
+from logging import INFO, WARNING
 from pathlib import Path
+from typing import Any
 
-import numpy as np
 from flwr.app import Context
 from flwr.common import log
-from flwr.server import Server, ServerConfig
-from flwr.server.client_manager import SimpleClientManager
+from flwr.server import Server, ServerConfig, SimpleClientManager
 from flwr.server.compat import start_grid
 from flwr.serverapp import Grid, ServerApp
 
+from flwr_pfl.app.checkpoint import CHECKPOINT_NAME, Checkpoint, read_checkpoint
 from flwr_pfl.app.config import Experiment, parse_experiment
-from flwr_pfl.app.results import ResultsWriter
+from flwr_pfl.app.export import export_global_model, request_client_exports
+from flwr_pfl.app.nodes import resolve_num_clients
+from flwr_pfl.app.results import ResultsWriter, refuse_existing
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.strategies.base import PFLStrategy
 from flwr_pfl.training import seed_everything, set_num_threads
+
+#: keys a resume may change: the round count, where the run is, and how the server waits for
+#: and times out nodes (an operator resuming on a fleet that changed); none changes what is computed
+RESUMABLE_CHANGES = frozenset({
+    "num-server-rounds", "resume", "output-dir", "run-name", "checkpoint-interval",
+    "wait-timeout", "min-clients", "round-timeout", "server-workers",
+})
 
 
 def build_strategy(experiment: Experiment, writer: ResultsWriter | None = None, workers: int | None = None) -> PFLStrategy:
@@ -30,10 +39,12 @@ def build_strategy(experiment: Experiment, writer: ResultsWriter | None = None, 
         fraction_evaluate=run.fraction_evaluate,
         on_round=writer.on_round if writer is not None else None,
         wait_timeout=run.wait_timeout,
+        min_available_clients=run.min_available_clients,
+        round_timeout=run.round_timeout_seconds,
         seed=run.seed,
+        num_rounds=run.num_server_rounds,
         **spec.strategy_kwargs(experiment.options),
     )
-    strategy.num_rounds = run.num_server_rounds
     strategy.max_workers = workers or server_workers(experiment)
     return strategy
 
@@ -59,50 +70,145 @@ def server_workers(experiment: Experiment, grid: Grid | None = None) -> int:
     return min(experiment.run.num_clients, limit)
 
 
-def build_server(strategy: PFLStrategy, workers: int) -> Server:
-    """Flower's legacy server around ``strategy``, contacting up to ``workers`` clients at once."""
-    server = Server(client_manager=SimpleClientManager(), strategy=strategy)
-    server.set_max_workers(workers)
-    return server
-
-
 def load_checkpoint(strategy: PFLStrategy, path: Path) -> int:
     """Restore ``strategy`` from a run's ``checkpoint.npz``; returns the rounds already done."""
-    with np.load(path) as ckpt:
-        rounds_done = int(ckpt["rounds_done"])
-        arrays = [ckpt[f"global_{i}"] for i in range(sum(k.startswith("global_") for k in ckpt.files))]
-        extra = {k[len("state_"):]: ckpt[k] for k in ckpt.files if k.startswith("state_")}
-    strategy.load_state_dict({"global_arrays": arrays, "arrays": extra}, rounds_done)
-    return rounds_done
+    checkpoint = read_checkpoint(path)
+    strategy.load_state_dict(checkpoint.state, checkpoint.rounds_done)
+    return checkpoint.rounds_done
+
+
+def check_resumable(experiment: Experiment, checkpoint: Checkpoint) -> None:
+    """ConfigError unless ``experiment`` continues ``checkpoint``'s run: the same configuration
+    but for ``RESUMABLE_CHANGES``, and at least as many rounds as are done."""
+    current = experiment.to_dict()
+    saved = checkpoint.config
+    differing = sorted(k for k in current.keys() | saved.keys()
+                       if k not in RESUMABLE_CHANGES and current.get(k, _MISSING) != saved.get(k, _MISSING))
+    if differing:
+        changes = "; ".join(f"{k}: checkpoint {_shown(saved, k)}, now {_shown(current, k)}" for k in differing)
+        raise ConfigError(
+            f"resume=true with a configuration that differs from the checkpoint's in {', '.join(differing)} "
+            f"({changes}); a resume may change only {', '.join(sorted(RESUMABLE_CHANGES))}; restore those keys, or start a new "
+            "run under another run-name"
+        )
+    rounds = experiment.run.num_server_rounds
+    if rounds < checkpoint.rounds_done:
+        raise ConfigError(
+            f"num-server-rounds={rounds} but the checkpoint has {checkpoint.rounds_done} rounds done; "
+            f"set num-server-rounds >= {checkpoint.rounds_done} to resume (equal: only the results are rewritten)"
+        )
+
+
+_MISSING = object()
+
+
+def _shown(config: dict[str, Any], key: str) -> str:
+    value = config.get(key, _MISSING)
+    return "(absent)" if value is _MISSING else repr(value)
+
+
+class RoundServer(Server):
+    """Flower's legacy server loop, telling the results writer which clients failed and when
+    each round is over (after its evaluation, or where it evaluates nothing, after its fit), so
+    that checkpoints hold whole rounds; it contacts up to ``workers`` clients at once
+    (:func:`server_workers`)."""
+
+    def __init__(self, strategy: PFLStrategy, writer: ResultsWriter, workers: int) -> None:
+        super().__init__(client_manager=SimpleClientManager(), strategy=strategy)
+        self.set_max_workers(workers)
+        self.pfl_strategy = strategy
+        self.writer = writer
+
+    def fit_round(self, server_round: int, timeout: float | None):  # type: ignore[no-untyped-def]
+        result = super().fit_round(server_round, timeout)
+        if result is not None:
+            results, failures = result[2]
+            self.writer.record_failures(self._global(server_round), "fit", failures, len(results) + len(failures))
+        return result
+
+    def evaluate_round(self, server_round: int, timeout: float | None):  # type: ignore[no-untyped-def]
+        result = super().evaluate_round(server_round, timeout)
+        if result is not None:
+            results, failures = result[2]
+            self.writer.record_failures(self._global(server_round), "evaluate", failures, len(results) + len(failures))
+        self.writer.end_round(self._global(server_round))
+        return result
+
+    def _global(self, server_round: int) -> int:
+        return self.pfl_strategy.round_offset + server_round
+
+
+def run_directory(experiment: Experiment) -> Path:
+    """The run's output directory; an unnamed run gets the first free ``<default>[-<n>]`` name."""
+    output = experiment.output_path()
+    if experiment.run.run_name:
+        return output
+    candidate, n = output, 1
+    while candidate.exists():
+        n += 1
+        candidate = output.with_name(f"{output.name}-{n}")
+    return candidate
 
 
 def run_server(grid: Grid, context: Context) -> ResultsWriter:
     """Run one experiment on ``grid`` and return its results writer."""
     experiment = parse_experiment(context.run_config)  # stops here on a bad key or value
+    # num-clients = 0 is the federation's size; a set value must equal it
+    num_clients = resolve_num_clients(grid, experiment.run.num_clients, experiment.run.wait_timeout)
+    experiment = experiment.with_num_clients(num_clients)
     seed_everything(experiment.run.seed)
     # The server's own tensor work (FEDORA's propagation GEMM, FedDAR-SA's solves) uses the
     # clients' thread count: a matrix product's rounding depends on how it is split across
     # threads, and in-process the server shares torch with the clients anyway.
     set_num_threads(experiment.run.num_threads)
-    output = experiment.output_path()
-    checkpoint = output / "checkpoint.npz"
-    resumed = experiment.run.resume
-    if resumed and not checkpoint.exists():
-        raise ConfigError(f"resume=true but there is no checkpoint at {checkpoint}; set run-name to the run to resume")
-    writer = ResultsWriter(output, experiment.to_dict())
+    output = run_directory(experiment)
+    checkpoint = None
+    if experiment.run.resume:
+        path = output / CHECKPOINT_NAME
+        if not path.exists():
+            raise ConfigError(f"resume=true but there is no checkpoint at {path}; set run-name to the run to resume")
+        checkpoint = read_checkpoint(path)
+        check_resumable(experiment, checkpoint)
+    else:
+        refuse_existing(output)
+    writer = ResultsWriter(
+        output,
+        experiment.to_dict(),
+        checkpoint_interval=experiment.run.checkpoint_interval,
+        last_round=experiment.run.num_server_rounds,
+        resume_from=checkpoint,
+    )
     workers = server_workers(experiment, grid)
     strategy = build_strategy(experiment, writer, workers)
     writer.state_fn = strategy.state_dict
+    request_client_exports(strategy, output)
     rounds = experiment.run.num_server_rounds
-    if resumed:
-        done = load_checkpoint(strategy, checkpoint)
-        log(INFO, "resuming %s from round %d (checkpoint %s)", output.name, done, checkpoint)
-        rounds -= done
+    if checkpoint is not None:
+        strategy.load_state_dict(checkpoint.state, checkpoint.rounds_done)
+        log(INFO, "resuming %s from round %d (checkpoint %s)", output.name, checkpoint.rounds_done, output / CHECKPOINT_NAME)
+        rounds -= checkpoint.rounds_done
     log(INFO, "flwr_pfl: %s, results in %s", experiment.algorithm.summary, output)
-    if rounds > 0:
-        start_grid(grid=grid, server=build_server(strategy, workers), config=ServerConfig(num_rounds=rounds))
+    try:
+        if rounds > 0:
+            start_grid(grid=grid, server=RoundServer(strategy, writer, workers), config=ServerConfig(num_rounds=rounds, round_timeout=experiment.run.round_timeout_seconds))
+    except Exception as err:  # the results so far and a summary that says why, then the error
+        _finish_after(writer, err)
+        raise
+    except BaseException:  # an interrupt: the rows so far as metrics.json/.csv, nothing more
+        writer.export()
+        raise
     writer.finish()
+    export_global_model(grid, strategy, output, experiment.run.wait_timeout)
     return writer
+
+
+def _finish_after(writer: ResultsWriter, err: Exception) -> None:
+    """``writer.finish`` naming ``err`` as why the run stopped; a failure here is logged, not
+    raised, so that ``err`` stays the error the caller sees."""
+    try:
+        writer.finish(stopped=f"{type(err).__name__}: {err}")
+    except Exception as second:  # noqa: BLE001 - reported, the run's own error follows
+        log(WARNING, "could not write the results after the run stopped: %r", second)
 
 
 app = ServerApp()

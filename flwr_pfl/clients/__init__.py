@@ -11,7 +11,7 @@ from flwr_pfl.clients.feddar import FedDARClient, ReweightedFedAvgClient, Separa
 from flwr_pfl.clients.fedora import FEDORAClient
 
 __all__ = [
-    "FedGPClient",
-    "FedAvgClient", "FedFMTLClient", "FedPerClient", "FedRepClient", "FinetuneClient", "LocalClient", "LocalData", "PFedFDAClient",
-    "PFLClient", "TrainConfig",
+    "FEDORAClient", "FedAvgClient", "FedDARClient", "FedFMTLClient", "FedGPClient", "FedPerClient", "FedRepClient",
+    "FinetuneClient", "LocalClient", "LocalData", "PFLClient", "PFedFDAClient", "ReweightedFedAvgClient",
+    "SeparateFedAvgClient", "TrainConfig",
 ]

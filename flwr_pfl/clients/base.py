@@ -1,33 +1,44 @@
 """The base of every client in the suite: unpack, train with the shared loop, pack.
 
-A client is a Flower NumPyClient around an encoder + heads model and the client's local data.
-Subclasses say which parameter group crosses the wire (``shared_group``), which one stays on
-the client between rounds (``personal_group``, kept in ``context.state``), and what a local
-update does (:meth:`PFLClient.local_update`). Nothing is kept in Python attributes across
-rounds: the simulation engine builds a new client object for every message.
+A client is a Flower NumPyClient around a model and the client's local data. The model is an
+:class:`~flwr_pfl.models.EncoderHeadModel`, or the user's own ``torch.nn.Module`` with its head
+named by ``head=`` (the client wraps it with :func:`~flwr_pfl.models.split_model`, keeping the
+user's modules and weights). Subclasses say which parameter group crosses the wire
+(``shared_group``), which one stays on the client between rounds (``personal_group``, kept in
+``context.state``), what they need of the head (``head_requirement``), and what a local update
+does (:meth:`PFLClient.local_update`). Nothing is kept in Python attributes across rounds: the
+simulation engine builds a new client object for every message.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TypeVar
+import json
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
 import numpy as np
+import torch
 from flwr.app import Context
 from flwr.client import NumPyClient
+from torch import nn
 from torch.utils.data import DataLoader
 
 from flwr_pfl.data.types import ClientData, Task, no_training_samples
-from flwr_pfl.models.base import EncoderHeadModel
+from flwr_pfl.errors import ConfigError
+from flwr_pfl.models.split import HeadRequirement, HeadSpec, check_head, client_model
 from flwr_pfl.training import (
+    BatchKeys,
     EvalResult,
     OptimizerConfig,
     TrainStats,
     evaluate,
     get_arrays,
+    group_keys,
     load_arrays,
+    num_samples,
     resolve_device,
     save_arrays,
     seeded,
@@ -40,9 +51,31 @@ NDArrays = list[np.ndarray]
 Config = dict[str, bool | bytes | float | int | str]
 Reply = TypeVar("Reply")
 
+#: fit / evaluate config key of the round's learning rate (a strategy's ``on_fit_config_fn`` or
+#: ``on_evaluate_config_fn`` sends it; the same name as the run-config key)
+LEARNING_RATE_KEY = "learning-rate"
+
+#: ``get_properties`` query for the federation's size, and the answer's key
+FEDERATION_QUERY = {"query": "federation-size"}
+NUM_PARTITIONS = "num_partitions"
+#: ``get_properties`` query for the wire layout, and the answer's key (see PFLClient.wire_layout)
+WIRE_LAYOUT_QUERY = {"query": "wire-layout"}
+WIRE_LAYOUT = "wire_layout"
+
+
+def federation_answer(node_config: Mapping[str, Any]) -> Config:
+    """The answer to :data:`FEDERATION_QUERY`: the node config's ``num-partitions``, the
+    federation's size (0 when the node config does not say)."""
+    return {NUM_PARTITIONS: int(node_config.get("num-partitions", 0))}
+
+
+#: separates an algorithm's name from a wire array's name when the array is not a model tensor
+EXTRA_SEPARATOR = ":"
+
 
 def seeded_message(handler: Callable[..., Reply]) -> Callable[..., Reply]:
-    """Run a client's ``fit`` or ``evaluate`` inside :func:`~flwr_pfl.training.seeded`.
+    """Run a client's ``fit`` or ``evaluate`` inside :func:`~flwr_pfl.training.seeded`, with the
+    message's training settings (:meth:`PFLClient.message_settings`).
 
     Everything random that a message does (DataLoader shuffling, dropout, transforms) draws
     from torch's generator seeded by :meth:`PFLClient.round_seed`, and the generator's state
@@ -53,7 +86,7 @@ def seeded_message(handler: Callable[..., Reply]) -> Callable[..., Reply]:
 
     @functools.wraps(handler)
     def run(self: PFLClient, parameters: NDArrays, config: Config) -> Reply:
-        with seeded(self.round_seed(config), self.device):
+        with self.message_settings(config), seeded(self.round_seed(config), self.device):
             return handler(self, parameters, config)
 
     run.seeded_message = True  # type: ignore[attr-defined]
@@ -79,12 +112,33 @@ class TrainConfig:
     seed: int = 0
 
 
+def round_train_config(train_config: TrainConfig, config: Config, who: str = "") -> TrainConfig:
+    """``train_config`` with the learning rate of ``config[LEARNING_RATE_KEY]``, if present.
+
+    Raises:
+        ConfigError: the value is not a number > 0 (it names the client and the value).
+    """
+    if LEARNING_RATE_KEY not in config:
+        return train_config
+    value = config[LEARNING_RATE_KEY]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        owner = f"{who}: " if who else ""
+        raise ConfigError(
+            f"{owner}the strategy sent {LEARNING_RATE_KEY}={value!r} in its config (on_fit_config_fn / "
+            "on_evaluate_config_fn); it must be a number > 0"
+        )
+    return replace(train_config, optimizer=replace(train_config.optimizer, learning_rate=float(value)))
+
+
 @dataclass(frozen=True)
 class LocalData:
-    """A client's data as DataLoaders of (x, y) or (x, y, domain) batches.
+    """A client's data as DataLoaders of (x, y) or (x, y, domain) batches, or of dicts.
 
     ``train`` shuffles; ``test`` is the client's own test split (personalized methods are
     evaluated on it); ``val`` is optional (used by algorithms that tune on validation data).
+    Dict batches (Hugging Face datasets, flwr-datasets partitions) are read with
+    ``batch_keys``; the default reads flwr-datasets' image datasets (``img`` or ``image``,
+    ``label`` or ``fine_label``, optional ``domain``).
     """
 
     train: DataLoader
@@ -92,6 +146,7 @@ class LocalData:
     val: DataLoader | None = None
     num_domains: int = 1
     task: Task = "classification"
+    batch_keys: BatchKeys = field(default_factory=BatchKeys)
 
     @classmethod
     def from_client_data(cls, data: ClientData, batch_size: int) -> LocalData:
@@ -121,26 +176,45 @@ class PFLClient(NumPyClient):
 
     Args:
         context: the node's Flower Context (its ``state`` holds the personal part).
-        model: an encoder + heads model (fresh; personal state is loaded into it here).
+        model: the model, fresh (personal state is loaded into it here): the user's own
+            ``torch.nn.Module`` with ``head`` naming its head, or a model already split into
+            body and head(s) (:class:`~flwr_pfl.models.EncoderHeadModel`, or
+            :func:`~flwr_pfl.models.split_model`'s :class:`~flwr_pfl.models.HeadSplit`).
         data: the client's loaders.
         train_config: local training settings.
+        head: the head of a user's model: a module name (``"fc3"``), the module itself, a list
+            of parameter-name prefixes or a predicate on parameter names (see
+            :class:`~flwr_pfl.models.HeadSplit`). The head module and its weights are kept as
+            they are. Algorithms that move the whole model (FedAvg, Local, fine-tuning,
+            FedGP/FedDA) need none; the others say so, with the model's module names, when it
+            is missing.
+
+    Raises:
+        ConfigError: the model lacks what the algorithm needs of its head
+            (``head_requirement``), or there are no training samples.
     """
 
     #: parameter group exchanged with the server (None: nothing is exchanged)
     shared_group: str | None = "all"
     #: parameter group kept on the client across rounds (None: nothing is kept)
     personal_group: str | None = None
+    #: what the algorithm needs of the model's head: "none", "parameters" (the parameter groups
+    #: ``body`` / ``heads``) or "module" (``features()``, ``head_outputs()``, ``heads``)
+    head_requirement: HeadRequirement = "none"
     PERSONAL_KEY = "personal"
 
     def __init__(
         self,
         context: Context,
-        model: EncoderHeadModel,
+        model: nn.Module,
         data: LocalData,
         train_config: TrainConfig | None = None,
+        *,
+        head: HeadSpec | None = None,
     ) -> None:
         self.context = context
-        self.model = model
+        self.model = client_model(model, head, num_heads=self.heads_for(data))
+        check_head(self.model, self.head_requirement, type(self).__name__)
         self.data = data
         self.train_config = train_config or TrainConfig()
         self.device = resolve_device(self.train_config.device)
@@ -151,25 +225,62 @@ class PFLClient(NumPyClient):
             if personal is not None:
                 set_arrays(self.model, personal, self.personal_group)
 
+    @classmethod
+    def heads_for(cls, data: LocalData) -> int:
+        """Heads the algorithm builds from a user's named head (copies of it): 1 by default."""
+        return 1
+
     def check_training_data(self) -> None:
         """Refuse an empty training set here, once for every algorithm, with a message naming
         the partition (each algorithm would otherwise fail later with an unrelated error, or
-        silently report zero examples). Loaders without a length are not checked."""
-        try:
-            size = len(self.data.train.dataset)  # type: ignore[arg-type]
-        except TypeError:
-            return
-        if size == 0:
+        silently report zero examples), and a dataset without a length (:func:`num_samples`)."""
+        if num_samples(self.data.train) == 0:
             raise no_training_samples(self.who, " (its training loader is empty)")
 
     # ---------------------------------------------------------------- wire
     def get_properties(self, config: Config) -> Config:
         """The partition id, by which the strategy samples and orders clients
-        (:mod:`flwr_pfl.strategies.sampling`)."""
-        return {"partition_id": self.partition_id}
+        (:mod:`flwr_pfl.strategies.sampling`); asked with :data:`FEDERATION_QUERY`, also the
+        federation's size (:func:`federation_answer`), and with :data:`WIRE_LAYOUT_QUERY`,
+        :meth:`wire_layout` as JSON (key :data:`WIRE_LAYOUT`)."""
+        properties: Config = {"partition_id": self.partition_id}
+        if config.get("query") == FEDERATION_QUERY["query"]:
+            properties |= federation_answer(self.context.node_config)
+        elif config.get("query") == WIRE_LAYOUT_QUERY["query"]:
+            properties[WIRE_LAYOUT] = json.dumps(self.wire_layout())
+        return properties
 
     def get_parameters(self, config: Config) -> NDArrays:
         return [] if self.shared_group is None else get_arrays(self.model, self.shared_group)
+
+    def wire_names(self) -> list[str]:
+        """The names of the arrays :meth:`get_parameters` returns (the global arrays' layout), in
+        order: the model's ``state_dict`` keys of ``shared_group``. An array that is not a model
+        tensor is named ``<algorithm>:<what>`` (:data:`EXTRA_SEPARATOR`)."""
+        return [] if self.shared_group is None else group_keys(self.model, self.shared_group)
+
+    def wire_layout(self) -> list[tuple[str, list[int]]]:
+        """``(name, shape)`` of every array :meth:`get_parameters` returns: how the server names
+        the final global arrays when it exports them (:mod:`flwr_pfl.app.export`).
+
+        Raises:
+            ValueError: :meth:`wire_names` and :meth:`get_parameters` disagree in length.
+        """
+        names, arrays = self.wire_names(), self.get_parameters({})
+        if len(names) != len(arrays):
+            raise ValueError(f"{type(self).__name__} names {len(names)} wire arrays but sends {len(arrays)}")
+        return [(name, list(array.shape)) for name, array in zip(names, arrays)]
+
+    def personal_state(self) -> dict[str, torch.Tensor]:
+        """This client's own part of its personalized model as the last message left it, by
+        ``state_dict`` name (CPU copies); empty when nothing is personal. Default: the
+        ``personal_group`` (the part kept in ``context.state``)."""
+        return {} if self.personal_group is None else self.group_state(self.personal_group)
+
+    def group_state(self, group: str) -> dict[str, torch.Tensor]:
+        """CPU copies of the model's tensors in ``group``, by ``state_dict`` name."""
+        state = self.model.state_dict()
+        return {key: state[key].detach().cpu().clone() for key in group_keys(self.model, group)}
 
     def receive(self, parameters: NDArrays) -> None:
         """Load the server's arrays into the shared group (the personal part stays)."""
@@ -182,6 +293,20 @@ class PFLClient(NumPyClient):
             save_arrays(self.context.state, self.PERSONAL_KEY, get_arrays(self.model, self.personal_group))
 
     # ---------------------------------------------------------------- hooks
+    @contextmanager
+    def message_settings(self, config: Config) -> Iterator[TrainConfig]:
+        """``train_config`` for the duration of one message: the client's own settings with the
+        learning rate replaced by the config's ``learning-rate`` when the strategy sends one
+        (a per-round schedule from ``on_fit_config_fn``). Everything that trains in the message
+        reads ``train_config`` (phases scale it further, e.g. FedDAR's ``lr-scale``); the
+        client's own settings are restored afterwards."""
+        own = self.train_config
+        self.train_config = round_train_config(own, config, self.who)
+        try:
+            yield self.train_config
+        finally:
+            self.train_config = own
+
     def round_seed(self, config: Config) -> int:
         return client_seed(self.train_config.seed, self.partition_id, int(config.get("server-round", 0)))
 
@@ -201,6 +326,7 @@ class PFLClient(NumPyClient):
             groups=groups,
             task=self.data.task,
             who=kwargs.pop("who", self.who),
+            keys=self.data.batch_keys,
             **kwargs,
         )
 
@@ -214,7 +340,8 @@ class PFLClient(NumPyClient):
         return self.evaluate_on(self.data.test)
 
     def evaluate_on(self, loader: DataLoader) -> EvalResult:
-        return evaluate(self.model, loader, device=self.device, task=self.data.task, num_domains=self.data.num_domains)
+        return evaluate(self.model, loader, device=self.device, task=self.data.task,
+                        num_domains=self.data.num_domains, keys=self.data.batch_keys)
 
     # ---------------------------------------------------------------- NumPyClient
     @seeded_message
@@ -222,7 +349,7 @@ class PFLClient(NumPyClient):
         self.receive(parameters)
         metrics = self.local_update(config)
         self.keep_personal()
-        num_examples = len(self.data.train.dataset)  # type: ignore[arg-type]
+        num_examples = num_samples(self.data.train)
         return self.get_parameters(config), num_examples, {**metrics, "partition_id": self.partition_id}
 
     @seeded_message

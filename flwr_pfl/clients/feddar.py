@@ -16,13 +16,24 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
-from flwr_pfl.clients.base import Config, NDArrays, PFLClient, seeded_message
+from flwr_pfl.clients.base import Config, LocalData, NDArrays, PFLClient, seeded_message
 from flwr_pfl.core import feddar as core
 from flwr_pfl.data.types import Task
+from flwr_pfl.errors import ConfigError
 from flwr_pfl.models.base import EncoderHeadModel
 from flwr_pfl.strategies.feddar import COUNTS_QUERY, PHASE_KEY, QUERY_KEY
-from flwr_pfl.training import EvalResult, collect_features, evaluate, get_arrays, set_arrays, train
-from flwr_pfl.training.loops import LossFn, supervised_loss, unpack_batch
+from flwr_pfl.training import (
+    EvalResult,
+    collect_features,
+    dataset_targets,
+    evaluate,
+    get_arrays,
+    loader_like,
+    read_batch,
+    set_arrays,
+    train,
+)
+from flwr_pfl.training.loops import LossFn, supervised_loss
 
 
 def domain_mean_loss(task: Task, num_domains: int) -> LossFn:
@@ -43,16 +54,22 @@ def domain_mean_loss(task: Task, num_domains: int) -> LossFn:
 def with_auc(model: nn.Module, result: EvalResult, data, device: torch.device) -> EvalResult:
     """Add binary AUC to ``result`` for two-class tasks: ``auc`` on the client's test split (its
     across-client mean is the paper's "Client Avg") and ``auc_dom<m>`` per domain present with
-    both classes (client-level; summarised across clients, not pooled)."""
-    if data.task != "classification" or getattr(model, "num_outputs", 0) != 2:
+    both classes (client-level; summarised across clients, not pooled). Two classes are told
+    by the model's output width (a user's model need not declare its number of outputs)."""
+    if data.task != "classification":
         return result
     model.to(device).eval()
     scores, labels, domains = [], [], []
     for batch in data.test:
-        x, y, d = unpack_batch(batch, device)
-        scores.append(torch.softmax(model(x, d), -1)[:, 1].cpu())
+        x, y, d = read_batch(batch, device, data.batch_keys)
+        outputs = model(x, d)
+        if outputs.shape[1] != 2:
+            return result
+        scores.append(torch.softmax(outputs, -1)[:, 1].cpu())
         labels.append(y.cpu())
         domains.append(d.cpu())
+    if not scores:
+        return result
     s, y, d = torch.cat(scores).numpy(), torch.cat(labels).numpy(), torch.cat(domains).numpy()
     extra = {"auc": core.binary_auc(s, y)}
     for m in np.unique(d):
@@ -76,13 +93,8 @@ class DomainAwareClient(PFLClient):
         return self.data.num_domains
 
     def train_domains(self) -> torch.Tensor:
-        """Domain labels of the local training samples (0 for plain (x, y) data)."""
-        dataset = self.data.train.dataset
-        if isinstance(dataset, TensorDataset):
-            tensors = dataset.tensors
-            return tensors[2] if len(tensors) == 3 else torch.zeros(len(tensors[0]), dtype=torch.long)
-        labels = [dataset[i][2] if len(dataset[i]) == 3 else 0 for i in range(len(dataset))]  # type: ignore[arg-type]
-        return torch.as_tensor(labels, dtype=torch.long)
+        """Domain labels of the local training samples in dataset order (0 for plain (x, y) data)."""
+        return dataset_targets(self.data.train, self.data.batch_keys)[1].long()
 
     def domain_counts(self) -> np.ndarray:
         """L_{i,m} of the training split, shape (M,), int64; ValueError for labels outside [0, M)."""
@@ -98,12 +110,15 @@ class DomainAwareClient(PFLClient):
         if config.get(QUERY_KEY) != COUNTS_QUERY:
             return super().get_properties(config)
         counts = self.domain_counts()
-        return {
-            "partition_id": self.partition_id,
-            "num_domains": self.num_domains,
+        head = {  # FedDAR's head layout; a user's model without a named head has none to report
             "num_outputs": int(self.model.num_outputs),
             "feature_dim": int(self.model.feature_dim),
             "head_bias": self.model.heads[0].bias is not None,
+        } if getattr(self.model, "splits_features", False) else {}
+        return {
+            "partition_id": self.partition_id,
+            "num_domains": self.num_domains,
+            **head,
             **{f"n_d{m}": int(n) for m, n in enumerate(counts)},
         }
 
@@ -133,7 +148,28 @@ class FedDARClient(DomainAwareClient):
     nearest to the global head (``"lstsq"``, squared loss); for SA the client adds the exact
     mean-normalised Hessian of each R_{i,m} at the local (or global) head. Representation phase
     (heads frozen at h^t): tau_phi epochs on the encoder with the u-re-weighted loss.
+
+    The model needs one linear head per domain on the representation. A user's own model with
+    its final ``nn.Linear`` named as the head gets them built here, as copies of that head (its
+    module is head 0): ``FedDARClient(context, Net(), data, head="fc3")`` has
+    ``data.num_domains`` heads; or hand it ``split_model(net, head="fc3", num_heads=M)``.
     """
+
+    head_requirement = "module"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        kinds = {type(h).__name__ for h in self.model.heads if not isinstance(h, nn.Linear)}
+        if kinds:
+            raise ConfigError(
+                f"FedDAR needs linear heads (it aggregates and solves for them as [W | b]); this "
+                f"model's head is a {', '.join(sorted(kinds))}: name its final nn.Linear as the head"
+            )
+
+    @classmethod
+    def heads_for(cls, data: LocalData) -> int:
+        """One head per domain."""
+        return data.num_domains
 
     def head_layout(self) -> core.HeadLayout:
         return core.HeadLayout(int(self.model.num_outputs), int(self.model.feature_dim), self.model.heads[0].bias is not None)
@@ -186,7 +222,7 @@ class FedDARClient(DomainAwareClient):
         epochs = int(config.get("epochs", 5))
         solver = str(config.get("head-solver", "gd"))
         start = self.flat_heads()
-        feats, y, d = collect_features(self.model, self.data.train, device=self.device)
+        feats, y, d = collect_features(self.model, self.data.train, device=self.device, keys=self.data.batch_keys)
         seconds = 0.0
         if solver == "lstsq":
             if loss is not core.HeadLoss.SQUARED:
@@ -225,7 +261,6 @@ class _PerDomainModels(nn.Module):
     def __init__(self, models: list[EncoderHeadModel]) -> None:
         super().__init__()
         self.models = nn.ModuleList(models)
-        self.num_outputs = models[0].num_outputs
 
     def forward(self, x: torch.Tensor, domain: torch.Tensor) -> torch.Tensor:
         outputs = torch.stack([m(x) for m in self.models])
@@ -242,6 +277,10 @@ class SeparateFedAvgClient(DomainAwareClient):
 
     def get_parameters(self, config: Config) -> NDArrays:
         return [a for model in self.models for a in get_arrays(model, "all")]
+
+    def wire_names(self) -> list[str]:
+        """Model m's ``state_dict`` keys prefixed ``models.<m>.``, for m = 0 .. M-1."""
+        return [f"models.{m}.{key}" for m, model in enumerate(self.models) for key in model.state_dict()]
 
     def receive(self, parameters: NDArrays) -> None:
         per_model = len(parameters) // self.num_domains
@@ -261,10 +300,10 @@ class SeparateFedAvgClient(DomainAwareClient):
             index = torch.nonzero(domains == m).flatten().tolist()
             if not index:
                 continue
-            loader = DataLoader(Subset(self.data.train.dataset, index), batch_size=self.data.train.batch_size or 32, shuffle=True)
+            loader = loader_like(self.data.train, Subset(self.data.train.dataset, index), shuffle=True)
             stats = train(model, loader, optimizer=self.train_config.optimizer, device=self.device,
                           epochs=self.train_config.local_epochs, task=self.data.task,
-                          who=f"{self.who} (domain {m}'s model)")
+                          who=f"{self.who} (domain {m}'s model)", keys=self.data.batch_keys)
             losses.append(stats.loss)
             seconds += stats.seconds
         return {"train_loss": float(np.mean(losses)) if losses else 0.0, "train_seconds": seconds}
@@ -272,7 +311,7 @@ class SeparateFedAvgClient(DomainAwareClient):
     def local_evaluate(self, config: Config) -> EvalResult:
         routed = _PerDomainModels(self.models)
         result = evaluate(routed, self.data.test, device=self.device,  # type: ignore[arg-type]
-                          task=self.data.task, num_domains=self.num_domains)
+                          task=self.data.task, num_domains=self.num_domains, keys=self.data.batch_keys)
         return with_auc(routed, result, self.data, self.device)
 
 

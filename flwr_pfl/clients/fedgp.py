@@ -26,7 +26,8 @@ import numpy as np
 import torch
 from flwr.app import Context
 from flwr.common import log
-from torch.utils.data import DataLoader, Subset
+from torch import nn
+from torch.utils.data import Subset
 
 from flwr_pfl.clients.base import Config, LocalData, NDArrays, PFLClient, TrainConfig, seeded_message
 from flwr_pfl.core.fedgp import (
@@ -42,8 +43,8 @@ from flwr_pfl.core.fedgp import (
     tensor_roles,
 )
 from flwr_pfl.errors import ConfigError
-from flwr_pfl.models.base import EncoderHeadModel
-from flwr_pfl.training import get_arrays
+from flwr_pfl.models.split import HeadSpec
+from flwr_pfl.training import get_arrays, loader_like, num_samples
 
 ROLE_KEY = "fedgp-role"
 
@@ -57,8 +58,11 @@ def buffer_flags(model: torch.nn.Module) -> list[bool]:
 class FedGPClient(PFLClient):
     """Source or target of FedGP / FedDA (and of the Target Only / Source Only baselines).
 
+    The whole model moves, so any ``torch.nn.Module`` works as it is (``head`` is accepted and
+    not needed).
+
     Args:
-        context, model, data, train_config: as :class:`~flwr_pfl.clients.base.PFLClient`.
+        context, model, data, train_config, head: as :class:`~flwr_pfl.clients.base.PFLClient`.
         target_partition: partition id of the target; -1 = the last partition.
         target_train_samples: labelled training samples the target uses (0 = its whole
             training split); fewer available is a ConfigError.
@@ -78,17 +82,18 @@ class FedGPClient(PFLClient):
     def __init__(
         self,
         context: Context,
-        model: EncoderHeadModel,
+        model: nn.Module,
         data: LocalData,
         train_config: TrainConfig | None = None,
         *,
+        head: HeadSpec | None = None,
         target_partition: int = -1,
         target_train_samples: int = 0,
         target_train_fraction: float = 0.0,
         target_lr_ratio: float = 0.5,
         target_batch_size: int = 16,
     ) -> None:
-        super().__init__(context, model, data, train_config)
+        super().__init__(context, model, data, train_config, head=head)
         if not target_lr_ratio > 0:
             raise ConfigError(f"target_lr_ratio must be > 0; got {target_lr_ratio}")
         self.target_lr_ratio = float(target_lr_ratio)
@@ -116,7 +121,7 @@ class FedGPClient(PFLClient):
 
     def _target_data(self, data: LocalData, samples: int, fraction: float, batch_size: int) -> LocalData:
         dataset = data.train.dataset
-        available = len(dataset)  # type: ignore[arg-type]  (> 0: PFLClient.check_training_data)
+        available = num_samples(data.train)  # > 0: PFLClient.check_training_data
         if not 0.0 <= fraction <= 1.0:
             raise ConfigError(f"target-train-fraction={fraction} must lie in [0, 1] (0 = unused)")
         if fraction > 0:
@@ -133,7 +138,7 @@ class FedGPClient(PFLClient):
             dataset = Subset(dataset, torch.randperm(available, generator=g)[:samples].tolist())
         bs = batch_size or self.train_config.batch_size
         # drop_last=False: with tiny targets every sample counts; shuffling uses the per-round seed.
-        return dataclasses.replace(data, train=DataLoader(dataset, batch_size=bs, shuffle=True))
+        return dataclasses.replace(data, train=loader_like(data.train, dataset, batch_size=bs, shuffle=True))
 
     # ---------------------------------------------------------------- NumPyClient
     def round_seed(self, config: Config) -> int:
@@ -148,7 +153,7 @@ class FedGPClient(PFLClient):
         n_model = len(self.model.state_dict())
         glob = list(parameters[:n_model]) if aggregates else list(parameters)
         self.receive(glob)
-        n = len(self.data.train.dataset)  # type: ignore[arg-type]
+        n = num_samples(self.data.train)
         flags = buffer_flags(self.model)
         base = {"partition_id": self.partition_id, "is_target": int(self.is_target),
                 "buffer_mask": "".join("1" if f else "0" for f in flags)}

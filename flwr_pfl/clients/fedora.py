@@ -30,6 +30,8 @@ from flwr_pfl.training import (
     collect_features,
     get_arrays,
     load_arrays,
+    num_samples,
+    read_batch,
     save_arrays,
     set_arrays,
     train,
@@ -43,6 +45,11 @@ class FEDORAClient(PFLClient):
     """FEDORA client: the whole model is personal (``context.state``); the wire carries
     ``theta_hat_k`` down and ``theta_k`` up.
 
+    The validation errors of Eq. 8 come from the model's features and head
+    (``features()`` / ``head_outputs()``), and the subspaces' one-hot labels from its number of
+    outputs, so a user's own model needs its head named as one module, e.g.
+    ``FEDORAClient(context, Net(), data, head="fc3")`` (``head`` as in :class:`PFLClient`).
+
     Args:
         config: default client rules (``selection``, ``prox``, ``validation``) and subspace
             options; the strategy's fit/setup config overrides them key by key, so the server's
@@ -53,6 +60,7 @@ class FEDORAClient(PFLClient):
 
     shared_group = "all"
     personal_group = "all"
+    head_requirement = "module"
 
     def __init__(self, *args, config: core.FedoraConfig | None = None, local_baseline: bool = True, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -97,13 +105,14 @@ class FEDORAClient(PFLClient):
         """The training inputs flattened to ``(n, d_x)`` and their labels, in loader order."""
         xs, ys = [], []
         for batch in self.data.train:
-            xs.append(batch[0].reshape(len(batch[0]), -1))
-            ys.append(batch[1])
+            x, y, _ = read_batch(batch, torch.device("cpu"), self.data.batch_keys)
+            xs.append(x.reshape(len(x), -1))
+            ys.append(y)
         return torch.cat(xs).double().numpy(), torch.cat(ys).numpy()
 
     def setup(self, config: Config) -> tuple[NDArrays, int, Config]:
         """Upload ``U_k`` (``(d_x + C) x p``); ``[]`` with a reason if the data cannot define one."""
-        n = len(self.data.train.dataset)  # type: ignore[arg-type]
+        n = num_samples(self.data.train)
         metrics: Config = {"partition_id": self.partition_id}
         options = self.subspace_options(config)
         x, y = self.training_matrix()
@@ -125,7 +134,7 @@ class FEDORAClient(PFLClient):
 
     def validation_error(self, model: EncoderHeadModel, options: core.ValidationOptions) -> float:
         """``L~_k`` of ``model`` on the validation split (per-sample errors, then reduced)."""
-        feats, y, d = collect_features(model, self.validation_loader(), device=self.device)
+        feats, y, d = collect_features(model, self.validation_loader(), device=self.device, keys=self.data.batch_keys)
         with torch.no_grad():
             outputs = model.head_outputs(feats, d)
         loss = "cross_entropy" if self.data.task == "classification" else "mse"
@@ -172,7 +181,7 @@ class FEDORAClient(PFLClient):
         }
         if local_baseline:
             metrics["local_train_loss"] = self._train_local(parameters, seed)
-        num_examples = len(self.data.train.dataset)  # type: ignore[arg-type]
+        num_examples = num_samples(self.data.train)
         return get_arrays(self.model, "all"), num_examples, {**metrics, "partition_id": self.partition_id}
 
     def _post_step(self, aux_params: list[torch.Tensor], lam: float, factor: float):
@@ -204,7 +213,7 @@ class FEDORAClient(PFLClient):
         torch.manual_seed(seed)  # inside fit's seeded scope: restored when fit returns
         stats = train(local, self.data.train, optimizer=self.train_config.optimizer, device=self.device,
                       epochs=self.train_config.local_epochs, groups=("all",), task=self.data.task,
-                      who=f"{self.who} (LOCAL shadow model)")
+                      who=f"{self.who} (LOCAL shadow model)", keys=self.data.batch_keys)
         save_arrays(self.context.state, LOCAL_KEY, get_arrays(local, "all"))
         return stats.loss
 

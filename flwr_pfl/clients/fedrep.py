@@ -1,4 +1,10 @@
-"""FedRep and FedPer: a shared body (representation) with a personal head per client."""
+"""FedRep and FedPer: a shared body (representation) with a personal head per client.
+
+Both take the user's own model with its head named, e.g. quickstart-pytorch's ``Net``:
+``FedRepClient(context, Net(), data, head="fc3")``; ``fc3`` (its module and weights) is the
+personal head, every other parameter the shared body. The head may also be a list of
+parameter-name prefixes (``head=["fc2", "fc3"]``) or a predicate on parameter names.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ class FedPerClient(PFLClient):
     """FedPer (Arivazhagan et al., 2019): train body and head jointly; only the body is shared,
     the head stays on the client (``context.state``)."""
 
+    head_requirement = "parameters"
     shared_group = "body"
     personal_group = "heads"
 
@@ -18,6 +25,7 @@ class FedRepClient(PFLClient):
     personal head with the received body frozen, then ``local_epochs`` epochs on the body with
     the new head frozen; only the body is sent back."""
 
+    head_requirement = "parameters"
     shared_group = "body"
     personal_group = "heads"
 

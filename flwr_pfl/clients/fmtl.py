@@ -14,8 +14,7 @@ import torch
 from flwr_pfl.clients.base import Config, NDArrays, PFLClient, seeded_message
 from flwr_pfl.core.fmtl import Augmentation, HeadLoss, fmtl_per_sample_loss, task_counts, task_statistics
 from flwr_pfl.models.base import EncoderHeadModel
-from flwr_pfl.training import EvalResult, collect_features, evaluate, get_arrays, load_arrays, save_arrays
-from flwr_pfl.training.loops import unpack_batch
+from flwr_pfl.training import EvalResult, collect_features, evaluate, get_arrays, load_arrays, read_batch, save_arrays
 
 COUNTS_KEY = "fmtl-counts"
 STATS_KEY = "fmtl-stats"
@@ -58,15 +57,21 @@ class FedFMTLClient(PFLClient):
     ``original`` (eq. 3) for the latter three. Task of a sample: its class label for
     classification, its domain label for regression (each task a domain).
 
+    A user's own model needs its head named as one module, applied last to the features:
+    ``FedFMTLClient(context, Net(), data, head="fc3")`` (one head with M outputs, the
+    ``stacked`` layout); for M one-output heads (``per-head``), hand it
+    ``split_model(net, head="fc3", num_heads=M)`` with ``fc3`` a one-output ``nn.Linear``.
+
     Args:
         head_loss, augmentation: the local objective (above).
         prox_mu: FedProx coefficient mu (0 = FedAvg; the FedRep code's default for FedProx is 0.1).
         phase2_prox: keep the proximal term in phase 2.
         phase2_epochs: local epochs of phase 2 (0 = the local epochs).
-        *args, **kwargs: :class:`PFLClient`'s arguments.
+        *args, **kwargs: :class:`PFLClient`'s arguments (``head`` among them).
     """
 
     shared_group = "all"
+    head_requirement = "module"
 
     def __init__(
         self,
@@ -117,7 +122,7 @@ class FedFMTLClient(PFLClient):
             return cached[0]
         tasks = []
         for batch in self.data.train:
-            _, y, d = unpack_batch(batch, torch.device("cpu"))
+            _, y, d = read_batch(batch, torch.device("cpu"), self.data.batch_keys)
             tasks.append(self._tasks_and_targets(y, d)[0])
         counts = task_counts(torch.cat(tasks), self.num_tasks) if tasks else np.zeros(self.num_tasks, np.int64)
         save_arrays(self.context.state, COUNTS_KEY, [counts])
@@ -129,7 +134,7 @@ class FedFMTLClient(PFLClient):
         cached = load_arrays(self.context.state, STATS_KEY)
         if cached is not None:
             return cached
-        features, y, d = collect_features(self.model, self.data.train, device=self.device)
+        features, y, d = collect_features(self.model, self.data.train, device=self.device, keys=self.data.batch_keys)
         tasks, targets = self._tasks_and_targets(y, d)
         stats = task_statistics(features, tasks, self.num_tasks, targets).to_arrays()
         save_arrays(self.context.state, STATS_KEY, stats)
@@ -181,4 +186,4 @@ class FedFMTLClient(PFLClient):
             return (own - y.reshape(-1).to(own.dtype)).pow(2)
 
         return evaluate(self.model, self.data.test, device=self.device, task=self.data.task,
-                        num_domains=self.data.num_domains, loss_fn=own_head_loss)
+                        num_domains=self.data.num_domains, loss_fn=own_head_loss, keys=self.data.batch_keys)

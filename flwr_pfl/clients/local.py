@@ -9,7 +9,7 @@ class LocalClient(PFLClient):
     """Local: the whole model is personal (kept in ``context.state``); the wire carries nothing.
 
     Fit replies carry zero arrays; the example count and metrics still travel so that the
-    server can report training progress.
+    server can report training progress. Any ``torch.nn.Module`` works as it is.
     """
 
     shared_group = None

@@ -19,9 +19,8 @@ import numpy as np
 import torch
 from flwr.app import Context
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
-from flwr_pfl.clients.base import Config, LocalData, PFLClient, TrainConfig, seeded_message
+from flwr_pfl.clients.base import EXTRA_SEPARATOR, Config, LocalData, PFLClient, TrainConfig, seeded_message
 from flwr_pfl.core.pfedfda import (
     BetaResult,
     BetaStatus,
@@ -34,11 +33,15 @@ from flwr_pfl.core.pfedfda import (
     personalize,
     split_wire,
 )
+from flwr_pfl.errors import ConfigError
 from flwr_pfl.models.base import EncoderHeadModel
+from flwr_pfl.models.split import HeadSpec
 from flwr_pfl.training import (
     collect_features,
+    dataset_targets,
     get_arrays,
     load_scalars,
+    loader_like,
     per_sample_loss,
     save_scalars,
     set_arrays,
@@ -85,16 +88,17 @@ def check_lda_head(model: nn.Module) -> None:
     """Refuse a model whose head cannot hold pFedFDA's LDA head, saying what was found.
 
     Raises:
-        ValueError: the model does not have one biased ``nn.Linear(feature_dim, num_outputs)``
+        ConfigError: the model does not have one biased ``nn.Linear(feature_dim, num_outputs)``
             head (see :func:`lda_head_problems`).
     """
     problems = lda_head_problems(model)
     if problems:
-        raise ValueError(
+        raise ConfigError(
             "pFedFDA needs one linear head with a bias on the representation, "
             "nn.Linear(feature_dim, num_outputs, bias=True), because it writes the LDA head "
-            f"W z + b into it every round; this model has {'; '.join(problems)}. Build the model "
-            "with EncoderHeadModel(encoder, feature_dim, num_classes, num_heads=1, head_bias=True) "
+            f"W z + b into it every round; this model has {'; '.join(problems)}. Name your model's "
+            "final nn.Linear as its head (head='fc3' for a model ending in self.fc3), or build "
+            "EncoderHeadModel(encoder, feature_dim, num_classes, num_heads=1, head_bias=True) "
             "(in the app: any model but 'linear', whose heads have no bias)"
         )
 
@@ -102,9 +106,15 @@ def check_lda_head(model: nn.Module) -> None:
 class PFedFDAClient(PFLClient):
     """pFedFDA's client: backbone trained against a frozen global generative head.
 
+    The model needs one linear head on the representation: a biased ``nn.Linear(d, C)`` that
+    takes the features (width d) and gives the model's output (C classes), because pFedFDA
+    writes its LDA head into it. A user's own model qualifies when its last step is such a
+    layer: ``PFedFDAClient(context, Net(), data, head="fc3")`` (quickstart-pytorch's ``Net``:
+    ``fc3 = nn.Linear(84, 10)`` on the 84 features of ``fc2``). A model that does not fit is
+    refused with what was found (:func:`check_lda_head`).
+
     Args:
-        context, model, data, train_config: as :class:`PFLClient`. The model must have one
-            linear head of width C (classes) on features of width d.
+        context, model, data, train_config, head: as :class:`PFLClient`.
         config: the statistics, beta search and head options used at evaluation (and for
             new clients).
         fit_config: the same after local training (default: ``config``); the official code
@@ -118,23 +128,25 @@ class PFedFDAClient(PFLClient):
 
     shared_group = "body"
     personal_group = None
+    head_requirement = "module"
     STATE_KEY = "pfedfda"
 
     def __init__(
         self,
         context: Context,
-        model: EncoderHeadModel,
+        model: nn.Module,
         data: LocalData,
         train_config: TrainConfig | None = None,
         *,
+        head: HeadSpec | None = None,
         config: PFedFDAConfig | None = None,
         fit_config: PFedFDAConfig | None = None,
         stats_source: str = "all_epochs",
         eval_drop_last: bool = False,
         packed_cov: bool = False,
     ) -> None:
-        super().__init__(context, model, data, train_config)
-        check_lda_head(model)
+        super().__init__(context, model, data, train_config, head=head)
+        check_lda_head(self.model)
         if data.task != "classification":
             raise ValueError("pFedFDA is a classification method (its head is a Gaussian posterior)")
         if stats_source not in STATS_SOURCES:
@@ -144,7 +156,7 @@ class PFedFDAClient(PFLClient):
         self.stats_source = stats_source
         self.eval_drop_last = eval_drop_last
         self.packed_cov = packed_cov
-        self.num_classes = model.num_outputs
+        self.num_classes = self.model.num_outputs
         self.global_means: torch.Tensor | None = None
         self.global_cov: torch.Tensor | None = None
 
@@ -165,16 +177,19 @@ class PFedFDAClient(PFLClient):
         self.global_means = torch.as_tensor(mu, dtype=torch.float32, device=self.device)
         self.global_cov = torch.as_tensor(sigma, dtype=torch.float32, device=self.device)
 
+    def wire_names(self) -> list[str]:
+        """The backbone's ``state_dict`` keys, then the global statistics (not model tensors)."""
+        return [*super().wire_names(), f"pfedfda{EXTRA_SEPARATOR}means", f"pfedfda{EXTRA_SEPARATOR}covariance"]
+
+    def personal_state(self) -> dict[str, torch.Tensor]:
+        """The personalized LDA head written by the last evaluation (Eq. 4 with this client's
+        beta and priors); with the global backbone it is this client's model."""
+        return self.group_state("heads")
+
     # ---------------------------------------------------------------- helpers
     def _train_labels_and_domain(self) -> tuple[torch.Tensor, int]:
         """All training labels (for the priors pi_i) and the most frequent training domain."""
-        dataset = self.data.train.dataset
-        if isinstance(dataset, TensorDataset):
-            y = dataset.tensors[1]
-            d = dataset.tensors[2] if len(dataset.tensors) > 2 else torch.zeros_like(y)
-        else:
-            pairs = [(b[1], b[2] if len(b) > 2 else torch.zeros_like(b[1])) for b in self.data.train]
-            y, d = torch.cat([p[0] for p in pairs]), torch.cat([p[1] for p in pairs])
+        y, d = dataset_targets(self.data.train, self.data.batch_keys)
         return y.long(), int(torch.bincount(d.long()).argmax()) if d.numel() else 0
 
     def _previous_beta(self) -> tuple[float, float]:
@@ -237,7 +252,7 @@ class PFedFDAClient(PFLClient):
         if bank.features:
             z, y = torch.cat(bank.features), torch.cat(bank.labels)
         else:  # fresh_pass, or no training step: one eval-mode pass of the trained backbone
-            z, y, _ = collect_features(self.model, self.data.train, device=self.device)
+            z, y, _ = collect_features(self.model, self.data.train, device=self.device, keys=self.data.batch_keys)
         # Lines 8-11: local estimates, beta by cross-validation, interpolation.
         p = self._personalize(z, y.long(), priors, self.fit_config)
         self._sync()
@@ -263,9 +278,9 @@ class PFedFDAClient(PFLClient):
         priors = label_priors(labels, self.num_classes, self.config.prior_eps).to(self.device)
         loader = self.data.train
         if self.eval_drop_last:
-            loader = DataLoader(loader.dataset, batch_size=self.train_config.batch_size, shuffle=True, drop_last=True)
+            loader = loader_like(loader, batch_size=self.train_config.batch_size, shuffle=True, drop_last=True)
         try:
-            z, y, _ = collect_features(self.model, loader, device=self.device)
+            z, y, _ = collect_features(self.model, loader, device=self.device, keys=self.data.batch_keys)
         except ValueError:  # drop_last left nothing
             z = torch.empty(0, self.model.feature_dim, device=self.device)
             y = torch.empty(0, dtype=torch.long, device=self.device)

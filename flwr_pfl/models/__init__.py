@@ -1,4 +1,5 @@
-"""Models: an encoder (body) plus one or more heads, built by name."""
+"""Models: an encoder (body) plus one or more heads, built by name, or a user's own model with
+its head named (:func:`split_model`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from torch import nn
 
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.models.base import EncoderHeadModel
+from flwr_pfl.models.split import HeadSplit, HeadSpec, split_model
 from flwr_pfl.models.encoders import (
     LinearEncoder,
     cnn28_encoder,
@@ -72,4 +74,4 @@ def build_model(
     )
 
 
-__all__ = ["MODEL_NAMES", "EncoderHeadModel", "build_model"]
+__all__ = ["MODEL_NAMES", "EncoderHeadModel", "HeadSpec", "HeadSplit", "build_model", "split_model"]

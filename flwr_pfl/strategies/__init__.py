@@ -8,4 +8,7 @@ from flwr_pfl.strategies.pfedfda import PFedFDA
 from flwr_pfl.strategies.feddar import FedAvgMultiHead, FedDAR, ReweightedFedAvg, SeparateFedAvg
 from flwr_pfl.strategies.fedora import FEDORA
 
-__all__ = ["FedDA", "FedGP", "SourceOnly", "TargetOnly", "FedAvg", "FedFMTL", "FedPer", "FedRep", "Finetune", "Local", "PFedFDA", "PFLStrategy"]
+__all__ = [
+    "FEDORA", "FedAvg", "FedAvgMultiHead", "FedDA", "FedDAR", "FedFMTL", "FedGP", "FedPer", "FedRep", "Finetune",
+    "Local", "PFLStrategy", "PFedFDA", "ReweightedFedAvg", "SeparateFedAvg", "SourceOnly", "TargetOnly",
+]

@@ -3,16 +3,19 @@
 Subclasses say what the wire carries and how to combine it, by overriding
 :meth:`PFLStrategy.expected_shapes`, :meth:`PFLStrategy.aggregate_replies` and, for per-client
 payloads, :meth:`PFLStrategy.fit_instructions`. Everything else (waiting for clients, rejecting
-bad replies, summarising metrics, recording results, checkpoint state) is written once here.
+bad replies, summarising metrics, recording results, checkpoint state, and Flower's FedAvg
+hooks: per-round configs, server-side evaluation, metric aggregation, failure policy) is written
+once here; subclasses pass ``**kwargs`` through and build their instructions' configs with
+:meth:`PFLStrategy.fit_config` / :meth:`PFLStrategy.evaluate_config`.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from logging import INFO, WARNING
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from flwr.common import (
@@ -32,14 +35,20 @@ from flwr.server.strategy import FedAvg
 
 from flwr_pfl.core.aggregation import weighted_average
 from flwr_pfl.core.metrics import aggregate_client_metrics
-from flwr_pfl.errors import ReplyError
+from flwr_pfl.errors import ConfigError, ReplyError
+from flwr_pfl.strategies import hooks
 from flwr_pfl.strategies.decode import decode_arrays
 from flwr_pfl.strategies.sampling import PARTITION_QUERY, in_partition_order, sample_indices, sampling_rng
 from flwr_pfl.strategies.validation import ClientReply, Scalar, check_arrays
 
 NDArrays = list[np.ndarray]
-#: called after every evaluation round with (round, phase, aggregated metrics, per-client metrics)
+#: called after every aggregation with (round, phase, aggregated metrics, per-client metrics)
 RoundCallback = Callable[[int, str, dict[str, float], dict[int, dict[str, Scalar]]], None]
+ConfigFn = Callable[[int], dict[str, Scalar]]
+MetricsFn = Callable[[list[tuple[int, dict[str, Scalar]]]], dict[str, Scalar]]
+EvaluateFn = Callable[[int, NDArrays, dict[str, Scalar]], "tuple[float, dict[str, Scalar]] | None"]
+#: the phase of the results rows that record ``evaluate_fn``'s answers
+SERVER_EVALUATE = "server-evaluate"
 
 
 class PFLStrategy(FedAvg):
@@ -49,28 +58,75 @@ class PFLStrategy(FedAvg):
     in the model's ``state_dict`` order; fit replies carry arrays of the same shapes plus
     metrics ``partition_id``, ``train_loss``, ``train_seconds``.
 
+    Flower's FedAvg arguments keep Flower's meaning (every subclass takes them through
+    ``**kwargs``; one that cannot honour one refuses it with the reason, see ``refused_hooks``):
+
+    * ``on_fit_config_fn(round)`` / ``on_evaluate_config_fn(round)``: called once per round (with
+      the run's round number, counting rounds done before a resume); their dicts are added to
+      every fit / evaluate instruction of the round, before the algorithm's own keys, which they
+      may not reuse. The suite's clients read ``learning-rate`` from them: that round's
+      optimizer uses it (a per-round schedule; :mod:`flwr_pfl.clients.base`).
+    * ``evaluate_fn(round, arrays, {})``: server-side evaluation of the current global arrays
+      (what crosses the wire: the body only for FedRep/FedPer, pFedFDA's backbone and
+      statistics) after every round and before the first; its (loss, metrics) are returned by
+      :meth:`evaluate` and recorded through ``on_round`` as phase ``server-evaluate``.
+    * ``fit_metrics_aggregation_fn`` / ``evaluate_metrics_aggregation_fn``: called with the
+      accepted replies' ``[(num_examples, metrics), ...]``; their dicts are added to (and win
+      over) the suite's own summaries, in the returned and the recorded metrics.
+    * ``accept_failures``: False leaves a round with any failed or rejected reply unaggregated
+      (the global model unchanged; the row records ``num_failures``), for fit and evaluate.
+    * ``min_available_clients``: the strategy waits (up to ``wait_timeout``) until this many
+      clients are connected before sampling (default ``num_clients``), then samples among the
+      clients connected at that moment: fewer than ``num_clients`` lets rounds go on while
+      nodes leave and join (a node that joins late is asked for its partition id and sampled
+      from then on; one that left is no longer offered by Flower's client manager).
+    * ``min_evaluate_clients``: the least clients an evaluation round samples.
+    * ``initial_parameters``: Flower ``Parameters``, the same as ``initial_arrays``.
+    * ``inplace``: accepted for compatibility; it changes nothing here (the suite aggregates
+      with its own order-fixed weighted average).
+
     Args:
-        num_clients: clients expected in the federation; the first round waits for all of them
-            (up to ``wait_timeout`` seconds) so that sampling sees the whole federation.
+        num_clients: clients expected in the federation (partition ids 0 .. num_clients - 1).
         fraction_fit / fraction_evaluate: fraction of clients sampled per round.
         min_fit_clients: a round needs at least this many sampled clients.
-        initial_arrays: the starting global arrays; None asks one client for them.
-        fit_config: scalars added to every fit instruction (``server-round`` is always added).
+        initial_arrays: the starting global arrays; None (and no ``initial_parameters``) asks
+            one client for them.
+        fit_config: scalars added to every fit instruction (``server-round`` is always added);
+            ``on_fit_config_fn``'s keys win over these.
         on_round: called after each fit and evaluate aggregation (results writers hook in here).
-        wait_timeout: seconds to wait for ``num_clients`` clients before giving up with a
-            message that names the numbers.
+        wait_timeout: seconds to wait for ``min_available_clients`` clients before giving up with
+            a message that names the numbers.
         seed: seeds client sampling (:mod:`flwr_pfl.strategies.sampling`): the same seed
-            samples the same partitions in every round of every rerun.
+            samples the same partitions in every round of every rerun. None draws a seed and logs
+            it (a warning): the run is not repeatable unless that seed is passed back.
+        num_rounds: the run's total number of rounds (0: unknown). Flower's legacy strategies are
+            never told the ``ServerConfig``'s ``num_rounds``; algorithms that treat the last round
+            differently refuse to be built without it (:meth:`require_num_rounds`).
+        round_timeout: seconds a client has to answer one exchange (None: Flower's default, no
+            practical limit). Pass the same value as ``ServerConfig(round_timeout=...)``: Flower
+            applies that one to the rounds' fit and evaluate exchanges, this one to the
+            strategy's own (partition queries, FedDAR's head phase, FEDORA's setup). A client
+            that does not answer in time counts as a failure; the round goes on with the
+            replies in hand, and every aggregation logs and records who took part and who
+            was dropped (``participants``, ``participant_ids``, ``num_dropped``,
+            ``dropped_ids``).
     """
 
     name = "fedavg"
-    #: the run's total number of rounds (0: unknown); the app sets it after building the
-    #: strategy, for algorithms that treat the last round differently (pFedFDA: all clients)
+    #: the run's total number of rounds (0: unknown)
     num_rounds: int = 0
     #: whether every sampled client's partition id must be known before instructions are built
     #: (algorithms with per-client server state); otherwise ids are asked for only when a
     #: round samples part of the federation
     needs_partition_ids: bool = False
+    #: FedAvg hooks this algorithm cannot honour -> why (refused when set, with the reason)
+    refused_hooks: ClassVar[dict[str, str]] = {}
+    #: whether the final global arrays are a model worth exporting (FEDORA's are not: each
+    #: client has its own model and the global arrays stay the unused initial ones)
+    has_global_model: bool = True
+    #: scalars added to the evaluate instructions of the run's last round (needs ``num_rounds``);
+    #: the app asks clients to export their personalized models this way
+    last_round_config: dict[str, Scalar] = {}
     #: clients contacted at once in the strategy's own exchanges (partition queries, setup
     #: rounds); the app sets it from ``server-workers``, like the legacy server's pool
     max_workers: int = 32
@@ -82,51 +138,125 @@ class PFLStrategy(FedAvg):
         fraction_fit: float = 1.0,
         fraction_evaluate: float = 1.0,
         min_fit_clients: int = 1,
+        min_evaluate_clients: int | None = None,
+        min_available_clients: int | None = None,
+        evaluate_fn: EvaluateFn | None = None,
+        on_fit_config_fn: ConfigFn | None = None,
+        on_evaluate_config_fn: ConfigFn | None = None,
+        accept_failures: bool = True,
+        initial_parameters: Parameters | None = None,
+        fit_metrics_aggregation_fn: MetricsFn | None = None,
+        evaluate_metrics_aggregation_fn: MetricsFn | None = None,
+        inplace: bool = True,
         initial_arrays: NDArrays | None = None,
         fit_config: dict[str, Scalar] | None = None,
         on_round: RoundCallback | None = None,
         wait_timeout: float = 600.0,
-        seed: int = 0,
+        seed: int | None = 0,
+        num_rounds: int = 0,
+        round_timeout: float | None = None,
     ) -> None:
         if num_clients < 1:
             raise ValueError(f"num_clients must be >= 1, got {num_clients}")
         for key, value in (("fraction_fit", fraction_fit), ("fraction_evaluate", fraction_evaluate)):
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{key} must be in [0, 1], got {value}")
+        if min_available_clients is None:
+            min_available_clients = num_clients
+        if not 1 <= min_available_clients <= num_clients:
+            raise ConfigError(
+                f"min_available_clients={min_available_clients} must be in [1, num_clients={num_clients}]: the "
+                "federation never has more than num_clients clients"
+            )
+        if round_timeout is not None and not round_timeout > 0:
+            raise ConfigError(f"round_timeout must be > 0 seconds or None (no limit), got {round_timeout!r}")
+        if isinstance(num_rounds, bool) or not isinstance(num_rounds, int) or num_rounds < 0:
+            raise ConfigError(f"num_rounds must be an int >= 0 (0: unknown), got {num_rounds!r}")
+        if initial_parameters is not None:
+            if initial_arrays is not None:
+                raise ConfigError("give initial_arrays or initial_parameters, not both (they are the same thing)")
+            if not isinstance(initial_parameters, Parameters):
+                raise TypeError(f"initial_parameters must be flwr.common.Parameters, got {type(initial_parameters).__name__}")
+            initial_arrays = parameters_to_ndarrays(initial_parameters)
+        self._round_configs: dict[str, tuple[int, dict[str, Scalar]]] = {}  # hook -> (round, its dict)
         super().__init__(
             fraction_fit=fraction_fit,
             fraction_evaluate=fraction_evaluate,
             min_fit_clients=min(min_fit_clients, num_clients),
-            min_evaluate_clients=1 if fraction_evaluate > 0 else 0,
-            min_available_clients=num_clients,
+            min_evaluate_clients=(1 if fraction_evaluate > 0 else 0) if min_evaluate_clients is None else min_evaluate_clients,
+            min_available_clients=min_available_clients,
+            evaluate_fn=evaluate_fn,
+            on_fit_config_fn=on_fit_config_fn,
+            on_evaluate_config_fn=on_evaluate_config_fn,
+            accept_failures=accept_failures,
             initial_parameters=ndarrays_to_parameters(initial_arrays) if initial_arrays is not None else None,
+            fit_metrics_aggregation_fn=fit_metrics_aggregation_fn,
+            evaluate_metrics_aggregation_fn=evaluate_metrics_aggregation_fn,
+            inplace=inplace,
         )
         self.num_clients = num_clients
         self.extra_fit_config = dict(fit_config or {})
         self.on_round = on_round
         self.wait_timeout = wait_timeout
-        self.seed = int(seed)
+        self.seed = hooks.resolve_seed(seed)
+        self.num_rounds = num_rounds
+        self.round_timeout = round_timeout
+        self._sampled_nodes: dict[str, list[str]] = {}  # stage -> node ids sampled for its latest round
         self.global_arrays: NDArrays | None = initial_arrays
         self.round_offset = 0  # rounds completed before a resume
         self.partition_of: dict[str, int] = {}  # cid -> partition id, learned from replies
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Check hooks whenever they are set (constructor or attribute, as Flower users do), and
+        refuse hook-like names that are no hook: they would otherwise be silently ignored."""
+        if name in hooks.HOOKS:
+            hooks.check_hook(type(self).__name__, name, value, self.refused_hooks)
+        elif hooks.looks_like_hook(name) and not hasattr(self, name):
+            raise hooks.unknown_hook(type(self).__name__, name)
+        super().__setattr__(name, value)
+
+    def require_num_rounds(self, what: str, alternative: str) -> None:
+        """Refuse to build when ``what`` needs the run's total rounds and none was given."""
+        if not self.num_rounds:
+            raise ConfigError(
+                f"{type(self).__name__}: {what} needs the run's total number of rounds, which Flower's legacy "
+                f"strategies are never told: pass num_rounds=<the ServerConfig's num_rounds>, or {alternative}"
+            )
+
+    def refuses_failures(self, count: int) -> bool:
+        """Whether a round with ``count`` failed or rejected replies is left unaggregated."""
+        return count > 0 and not self.accept_failures
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(num_clients={self.num_clients}, fraction_fit={self.fraction_fit})"
 
     # ---------------------------------------------------------------- sampling and instructions
     def wait_for_clients(self, client_manager: ClientManager) -> None:
-        """Wait up to ``wait_timeout`` seconds for ``num_clients`` connected clients."""
-        if client_manager.num_available() < self.num_clients:
-            log(INFO, "waiting up to %.0f s for num-clients=%d clients (%d connected); in simulation "
+        """Wait up to ``wait_timeout`` seconds for ``min_available_clients`` connected clients
+        (by default ``num_clients``: the whole federation)."""
+        wanted = self.min_available_clients
+        what = f"num-clients={wanted}" if wanted == self.num_clients else f"min_available_clients={wanted}"
+        if client_manager.num_available() < wanted:
+            log(INFO, "waiting up to %.0f s for %s clients (%d connected); in simulation "
                 "the federation's num-supernodes must equal num-clients",
-                self.wait_timeout, self.num_clients, client_manager.num_available())
-        if not client_manager.wait_for(self.num_clients, timeout=int(self.wait_timeout)):
+                self.wait_timeout, what, client_manager.num_available())
+        if not client_manager.wait_for(wanted, timeout=int(self.wait_timeout)):
             raise RuntimeError(
-                f"only {client_manager.num_available()} of num-clients={self.num_clients} clients "
+                f"only {client_manager.num_available()} of {what} clients "
                 f"connected within {self.wait_timeout:.0f} s; in simulation, set the federation's "
                 f"num-supernodes to {self.num_clients} (flwr run . --federation-config "
-                f"\"num-supernodes={self.num_clients}\") or change num-clients"
+                f"\"num-supernodes={self.num_clients}\") or change num-clients; on a fleet, "
+                "lower min-clients to go on with fewer nodes"
             )
+        connected = client_manager.num_available()
+        if connected < self.num_clients:
+            log(INFO, "%d of num-clients=%d clients connected (min_available_clients=%d): going on with them",
+                connected, self.num_clients, wanted)
+
+    def exchange_timeout(self, fallback: float | None) -> float | None:
+        """Seconds a client has to answer one of the strategy's own exchanges: ``round_timeout``
+        when set, else ``fallback`` (what the exchange waited before there was a round timeout)."""
+        return self.round_timeout if self.round_timeout is not None else fallback
 
     def query_properties(
         self, server_round: int, clients: list[ClientProxy], config: dict[str, Scalar]
@@ -137,7 +267,8 @@ class PFLStrategy(FedAvg):
 
         def ask(proxy: ClientProxy) -> dict[str, Scalar] | BaseException:
             try:
-                return dict(proxy.get_properties(ins, timeout=self.wait_timeout, group_id=server_round).properties)
+                timeout = self.exchange_timeout(self.wait_timeout)
+                return dict(proxy.get_properties(ins, timeout=timeout, group_id=server_round).properties)
             except Exception as err:  # no answer or an error reply
                 return err
 
@@ -183,16 +314,51 @@ class PFLStrategy(FedAvg):
         size = min(max(int(available * fraction), min_clients), available)
         if size >= available and not self.needs_partition_ids:
             clients = list(client_manager.all().values())  # everyone: no need to know who is who
-            return sorted(clients, key=lambda p: (self.partition_of.get(p.cid, -1), p.cid))
-        clients = self.all_clients(server_round, client_manager)
-        rng = sampling_rng(self.seed, stage, self.round_offset + server_round)
-        return [clients[i] for i in sample_indices(len(clients), size, rng)]
+            sampled = sorted(clients, key=lambda p: (self.partition_of.get(p.cid, -1), p.cid))
+        else:
+            clients = self.all_clients(server_round, client_manager)
+            rng = sampling_rng(self.seed, stage, self.round_offset + server_round)
+            sampled = [clients[i] for i in sample_indices(len(clients), size, rng)]
+        self._sampled_nodes[stage] = [p.cid for p in sampled]
+        return sampled
+
+    # ---------------------------------------------------------------- configs (Flower's hooks)
+    def _round_config(self, hook: str, server_round: int) -> dict[str, Scalar]:
+        """The dict of ``on_fit_config_fn`` / ``on_evaluate_config_fn`` for this round: called
+        once per round (an algorithm that sends several exchanges in a round reuses it)."""
+        fn = getattr(self, hook)
+        if fn is None:
+            return {}
+        current = self.round_offset + server_round
+        cached = self._round_configs.get(hook)
+        if cached is None or cached[0] != current:
+            cached = (current, hooks.round_config(type(self).__name__, hook, fn, current))
+            self._round_configs[hook] = cached
+        return dict(cached[1])
+
+    def fit_config(self, server_round: int, protocol: Mapping[str, Scalar] | None = None) -> dict[str, Scalar]:
+        """A fit instruction's config: ``fit_config`` and ``on_fit_config_fn``'s dict (the user's
+        keys), then ``server-round`` and the algorithm's ``protocol`` keys (which the user's may
+        not reuse)."""
+        user = {**self.extra_fit_config, **self._round_config("on_fit_config_fn", server_round)}
+        own = {"server-round": self.round_offset + server_round, **(protocol or {})}
+        return hooks.merge_config(type(self).__name__, "fit_config / on_fit_config_fn", user, own)
+
+    def evaluate_config(self, server_round: int, protocol: Mapping[str, Scalar] | None = None) -> dict[str, Scalar]:
+        """An evaluate instruction's config: ``on_evaluate_config_fn``'s dict, then
+        ``server-round``, ``last_round_config`` in the run's last round, and the algorithm's
+        ``protocol`` keys."""
+        user = self._round_config("on_evaluate_config_fn", server_round)
+        current = self.round_offset + server_round
+        last = bool(self.num_rounds) and current >= self.num_rounds
+        own = {"server-round": current, **(self.last_round_config if last else {}), **(protocol or {})}
+        return hooks.merge_config(type(self).__name__, "on_evaluate_config_fn", user, own)
 
     def fit_instructions(
         self, server_round: int, parameters: Parameters, clients: list[ClientProxy]
     ) -> list[tuple[ClientProxy, FitIns]]:
         """One FitIns per sampled client; override to send each client its own payload."""
-        config: dict[str, Scalar] = {**self.extra_fit_config, "server-round": self.round_offset + server_round}
+        config = self.fit_config(server_round)
         return [(proxy, FitIns(parameters, dict(config))) for proxy in clients]
 
     def configure_fit(
@@ -209,8 +375,38 @@ class PFLStrategy(FedAvg):
         if self.fraction_evaluate == 0.0:
             return []
         clients = self._sample(client_manager, server_round, self.fraction_evaluate, self.min_evaluate_clients, "evaluate")
-        config: dict[str, Scalar] = {"server-round": self.round_offset + server_round}
+        config = self.evaluate_config(server_round)
         return [(proxy, EvaluateIns(parameters, dict(config))) for proxy in clients]
+
+    # ---------------------------------------------------------------- server-side evaluation
+    def initial_global_arrays(self, parameters: Parameters) -> NDArrays:
+        """The first global arrays, from the initial ``parameters`` (override when the server
+        completes them, as pFedFDA does with its statistics)."""
+        return parameters_to_ndarrays(parameters)
+
+    def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
+        """Flower's server-side evaluation: ``evaluate_fn(round, global arrays, {})`` on a copy of
+        the current global arrays; its (loss, metrics) are recorded (phase ``server-evaluate``)
+        and returned. Round 0 evaluates the initial arrays; after a resume it is skipped (the
+        run evaluated those arrays before it stopped)."""
+        if self.evaluate_fn is None or (server_round == 0 and self.round_offset):
+            return None
+        arrays = self.global_arrays if self.global_arrays is not None else self.initial_global_arrays(parameters)
+        current = self.round_offset + server_round
+        answer = hooks.server_evaluation(
+            type(self).__name__, self.evaluate_fn(current, [np.array(a, copy=True) for a in arrays], {})
+        )
+        if answer is None:
+            return None
+        loss, metrics = answer
+        self._notify(server_round, SERVER_EVALUATE, {"loss": loss, **metrics}, {})
+        log(INFO, "round %d: server-side evaluation: loss %.4f %s", current, loss, metrics)
+        return loss, metrics
+
+    def _user_metrics(self, hook: str, pairs: list[tuple[int, dict[str, Scalar]]]) -> dict[str, Scalar]:
+        """``fit_metrics_aggregation_fn`` / ``evaluate_metrics_aggregation_fn`` on ``pairs`` ({} when unset)."""
+        fn = getattr(self, hook)
+        return {} if fn is None or not pairs else hooks.aggregated_metrics(type(self).__name__, hook, fn, pairs)
 
     # ---------------------------------------------------------------- replies
     def expected_shapes(self, server_round: int) -> list[tuple[int, ...]]:
@@ -253,6 +449,11 @@ class PFLStrategy(FedAvg):
             if isinstance(failure, BaseException):
                 log(WARNING, "round %d: a client failed: %r", server_round, failure)
         metrics: dict[str, Any] = {"num_failures": float(len(failures)), "num_rejected": float(rejected)}
+        if self.refuses_failures(len(failures)):
+            log(WARNING, "round %d: %d failed or rejected fit replies and accept_failures=False: the round is "
+                "not aggregated; the global model is unchanged", server_round, len(failures))
+            self._notify(server_round, "fit", metrics, {})
+            return None, metrics
         if not replies:
             log(WARNING, "round %d: no valid fit replies; the global model is unchanged", server_round)
             self._notify(server_round, "fit", metrics, {})
@@ -262,6 +463,7 @@ class PFLStrategy(FedAvg):
         metrics |= aggregate_client_metrics(
             [(r.num_examples, r.metrics) for r in replies], keys=self.fit_metric_keys(replies)
         )
+        metrics |= self._user_metrics("fit_metrics_aggregation_fn", [(r.num_examples, dict(r.metrics)) for r in replies])
         metrics["aggregate_seconds"] = time.perf_counter() - start
         self._notify(server_round, "fit", metrics, {r.partition_id: r.metrics for r in replies})
         return ndarrays_to_parameters(arrays), metrics
@@ -279,36 +481,75 @@ class PFLStrategy(FedAvg):
     ) -> tuple[float | None, dict[str, Scalar]]:
         valid: list[tuple[ClientProxy, EvaluateRes]] = []
         for proxy, res in in_partition_order(results):
+            partition = _partition_id(dict(res.metrics))
+            if partition is not None and 0 <= partition < self.num_clients:
+                self.partition_of[proxy.cid] = partition  # a node that joined since the fit round
             if res.num_examples > 0 and np.isfinite(res.loss):
                 valid.append((proxy, res))
             else:
                 log(WARNING, "round %d: rejected evaluation of client %s (loss %s, %d examples)",
                     server_round, proxy.cid, res.loss, res.num_examples)
         metrics: dict[str, Any] = {"num_failures": float(len(failures) + len(results) - len(valid))}
+        if self.refuses_failures(len(failures) + len(results) - len(valid)):
+            log(WARNING, "round %d: failed or rejected evaluations and accept_failures=False: the evaluation "
+                "is not aggregated", server_round)
+            self._notify(server_round, "evaluate", metrics, {})
+            return None, metrics
         if not valid:
             self._notify(server_round, "evaluate", metrics, {})
             return None, metrics
         per_client = [(r.num_examples, {**r.metrics, "loss": r.loss}) for _, r in valid]
         metrics |= aggregate_client_metrics(per_client)
+        loss = metrics.get("loss_wmean")
+        metrics |= self._user_metrics("evaluate_metrics_aggregation_fn", [(r.num_examples, dict(r.metrics)) for _, r in valid])
         clients = {int(r.metrics.get("partition_id", -1)): {**r.metrics, "loss": r.loss, "num_examples": r.num_examples} for _, r in valid}
         self._notify(server_round, "evaluate", metrics, clients)
         log(INFO, "round %d: %s", server_round, _headline(metrics))
-        return metrics.get("loss_wmean"), metrics
+        return loss, metrics
 
     def _notify(self, server_round: int, phase: str, metrics: dict[str, float], clients: dict[int, dict[str, Scalar]]) -> None:
+        if phase in ("fit", "evaluate"):  # recorded, not returned to Flower: the results rows say who took part
+            metrics = {**metrics, **self._participation(server_round, phase, clients)}
         if self.on_round is not None:
             self.on_round(self.round_offset + server_round, phase, metrics, clients)
 
+    def _participation(self, server_round: int, phase: str, clients: dict[int, dict[str, Scalar]]) -> dict[str, Any]:
+        """Who took part in this aggregation (partition ids of the accepted replies) and who was
+        sampled but dropped (no reply in time, left, an error, a rejected reply); the dropped
+        ones are logged by partition id, or by node id when their partition is unknown."""
+        taken = " ".join(str(pid) for pid in sorted(pid for pid in clients if pid >= 0))
+        out: dict[str, Any] = {"participants": float(len(clients)), "participant_ids": taken}
+        sampled = self._sampled_nodes.pop(phase, None)
+        if sampled is None:  # this aggregation did not follow a sample of the base class
+            return out
+        dropped = [(self.partition_of.get(cid), cid) for cid in sampled if self.partition_of.get(cid) not in clients]
+        dropped.sort(key=lambda d: (d[0] is None, d[0] or 0, d[1]))
+        out["num_dropped"] = float(len(dropped))
+        out["dropped_ids"] = " ".join(_who(cid, partition) for partition, cid in dropped)
+        if dropped:
+            log(WARNING, "round %d: %s: %d of %d sampled clients dropped (no reply in time, left, failed or "
+                "rejected): %s; going on with partitions [%s]", self.round_offset + server_round, phase,
+                len(dropped), len(sampled), out["dropped_ids"], taken)
+        return out
+
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume: the global arrays and the rounds already done."""
-        return {"global_arrays": [a.copy() for a in (self.global_arrays or [])], "round_offset": self.round_offset}
+        """Everything needed to resume: the global arrays, the rounds already done and the
+        partition ids learned (node id -> partition id; a node that comes back under another id
+        is asked again). Subclasses add their own state; what a checkpoint can hold is listed in
+        :mod:`flwr_pfl.app.checkpoint`."""
+        return {
+            "global_arrays": [a.copy() for a in (self.global_arrays or [])],
+            "round_offset": self.round_offset,
+            "partition_of": dict(self.partition_of),
+        }
 
     def load_state_dict(self, state: dict[str, Any], rounds_done: int) -> None:
         """Resume from :meth:`state_dict`; the next round is numbered ``rounds_done + 1``."""
         self.global_arrays = [np.asarray(a) for a in state["global_arrays"]]
         self.initial_parameters = ndarrays_to_parameters(self.global_arrays)
         self.round_offset = rounds_done
+        self.partition_of = {str(cid): int(pid) for cid, pid in state.get("partition_of", {}).items()}
 
 
 def _partition_id(answer: dict[str, Scalar] | BaseException) -> int | None:
@@ -319,6 +560,11 @@ def _partition_id(answer: dict[str, Scalar] | BaseException) -> int | None:
         return int(answer["partition_id"])
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def _who(cid: str, partition: int | None) -> str:
+    """A dropped client as recorded: its partition id when known, else ``node-<id>``."""
+    return str(partition) if partition is not None else f"node-{cid}"
 
 
 def _headline(metrics: dict[str, float]) -> str:

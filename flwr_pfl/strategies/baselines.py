@@ -6,6 +6,9 @@ which the paired client decides (whole model, body only, or nothing).
 
 from __future__ import annotations
 
+from typing import Any
+
+from flwr_pfl.errors import ConfigError
 from flwr_pfl.strategies.base import PFLStrategy
 
 
@@ -36,7 +39,17 @@ class FedPer(PFLStrategy):
 class Local(PFLStrategy):
     """Local training: no model crosses the wire; the server only gathers metrics.
 
-    Wire: every instruction and reply carries zero arrays.
+    Wire: every instruction and reply carries zero arrays. There is no global model, so
+    ``evaluate_fn`` and non-empty initial arrays are refused.
     """
 
     name = "local"
+    refused_hooks = {"evaluate_fn": "local training has no global model to evaluate on the server (each client keeps its own)"}
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if self.global_arrays:
+            raise ConfigError(
+                f"Local got {len(self.global_arrays)} initial arrays (initial_arrays / initial_parameters); local "
+                "training sends no model, so it takes none (its clients reply with zero arrays)"
+            )

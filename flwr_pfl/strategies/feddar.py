@@ -144,7 +144,7 @@ class DomainCountingStrategy(PFLStrategy):
         return self.fit_instructions(server_round, parameters, clients)
 
     def _config(self, server_round: int, phase: str, **extra: Scalar) -> dict[str, Scalar]:
-        return {**self.extra_fit_config, "server-round": self.round_offset + server_round, PHASE_KEY: phase, **extra}
+        return self.fit_config(server_round, {PHASE_KEY: phase, **extra})
 
     def _notify_u(self, metrics: dict[str, Any]) -> dict[str, Any]:
         """Add u_m and L_m (keys ``u_dom<m>``, ``count_dom<m>``) to a metrics row."""
@@ -154,11 +154,17 @@ class DomainCountingStrategy(PFLStrategy):
         return metrics
 
     def state_dict(self) -> dict[str, Any]:
-        return super().state_dict() | {"count_table": {k: v.copy() for k, v in self.count_table.items()}}
+        """The base state plus the count table (in the order clients joined it: u sums over it
+        in that order) and the clients' head layout."""
+        return super().state_dict() | {
+            "count_table": {k: v.copy() for k, v in self.count_table.items()},
+            "head_info": dict(self.head_info),
+        }
 
     def load_state_dict(self, state: dict[str, Any], rounds_done: int) -> None:
         super().load_state_dict(state, rounds_done)
         self.count_table = {int(k): np.asarray(v) for k, v in state.get("count_table", {}).items()}
+        self.head_info = dict(state.get("head_info", {}))
 
 
 class ReweightedFedAvg(DomainCountingStrategy):
@@ -242,7 +248,11 @@ class FedDAR(DomainCountingStrategy):
             mode and train the heads on them (exact without data augmentation).
         max_hessian_params: clients refuse SA heads with more parameters (spec 8.5).
         reweight: u_m re-weighting of the representation loss (Eq. 6).
-        **kwargs: :class:`PFLStrategy` arguments.
+        **kwargs: :class:`PFLStrategy` arguments. ``on_fit_config_fn``'s keys reach both
+            phases of a round (a ``learning-rate`` is then scaled by ``lr-scale``);
+            ``fit_metrics_aggregation_fn`` sees the representation phase's replies; with
+            ``accept_failures=False`` a failure in either phase leaves the whole round
+            unaggregated (heads included).
     """
 
     name = "feddar"
@@ -280,6 +290,7 @@ class FedDAR(DomainCountingStrategy):
         self.max_hessian_params = max_hessian_params
         #: cids of the clients whose head reply was accepted in the current round
         self.round_clients: dict[int, list[str]] = {}
+        self._round_start: NDArrays = []  # the global arrays when the current round began
 
     def __repr__(self) -> str:
         return f"FedDAR(aggregation={self.aggregation.value}, num_clients={self.num_clients})"
@@ -332,6 +343,7 @@ class FedDAR(DomainCountingStrategy):
 
     # ---------------------------------------------------------------- round
     def fit_instructions(self, server_round: int, parameters: Parameters, clients: list[ClientProxy]) -> list[tuple[ClientProxy, FitIns]]:
+        self._round_start = list(self.global_arrays or [])  # restored if the round is not aggregated
         lr = self.lr_scale(server_round)
         u = self.domain_weights()
         with_u = ndarrays_to_parameters(list(self.global_arrays or []) + [u])
@@ -360,7 +372,9 @@ class FedDAR(DomainCountingStrategy):
             },
         )
         ins = FitIns(ndarrays_to_parameters(list(self.global_arrays or [])), config)
-        results, failures = fit_clients([(p, ins) for p in clients], max_workers=self.workers_for(len(clients)), timeout=None, group_id=server_round)
+        results, failures = fit_clients(
+            [(p, ins) for p in clients], max_workers=self.workers_for(len(clients)), timeout=self.exchange_timeout(None), group_id=server_round
+        )
         replies: list[ClientReply] = []
         rejected = 0
         for proxy, res in in_partition_order(results):  # the head sums must not depend on arrival order
@@ -373,7 +387,11 @@ class FedDAR(DomainCountingStrategy):
             log(WARNING, "round %d: a client failed in the head phase: %r", server_round,
                 failure if isinstance(failure, BaseException) else failure[1].status)
         metrics: dict[str, Any] = {"num_failures": float(len(failures) + rejected), "num_rejected": float(rejected)}
-        if replies:
+        if self.refuses_failures(len(failures) + rejected):
+            log(WARNING, "round %d: %d head-phase failure(s) and accept_failures=False: the round is not "
+                "aggregated (no representation phase)", server_round, len(failures) + rejected)
+            replies = []
+        elif replies:
             metrics |= self.aggregate_heads(server_round, replies)
             metrics |= aggregate_client_metrics([(r.num_examples, r.metrics) for r in replies], keys=["head_loss"])
         else:
@@ -467,10 +485,21 @@ class FedDAR(DomainCountingStrategy):
 
     def aggregate_fit(self, server_round, results, failures):
         parameters, metrics = super().aggregate_fit(server_round, results, failures)
+        if parameters is None and self.refuses_failures(len(failures)):
+            self.global_arrays = self._round_start  # undo the head phase: the round is not aggregated
+            return None, metrics
         if parameters is None and self.global_arrays is not None:
             # the head phase may have changed the heads even when no encoder came back
             parameters = ndarrays_to_parameters(self.global_arrays)
         return parameters, metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        """The counting state plus the once-per-run warnings already given."""
+        return super().state_dict() | {"warned": sorted(self._warned)}
+
+    def load_state_dict(self, state: dict[str, Any], rounds_done: int) -> None:
+        super().load_state_dict(state, rounds_done)
+        self._warned = set(state.get("warned", ()))
 
 
 def _check_counts(who: str, counts: np.ndarray, num_examples: int) -> None:

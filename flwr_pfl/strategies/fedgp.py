@@ -63,14 +63,12 @@ placements train identically and produce the same global models up to the order 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
 from flwr.common import (
-    Code,
     EvaluateIns,
     EvaluateRes,
     FitIns,
@@ -78,7 +76,6 @@ from flwr.common import (
     Parameters,
     log,
     ndarrays_to_parameters,
-    parameters_to_ndarrays,
 )
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
@@ -102,7 +99,7 @@ from flwr_pfl.core.fedgp import (
 from flwr_pfl.errors import ConfigError, ReplyError
 from flwr_pfl.strategies.base import NDArrays, PFLStrategy
 from flwr_pfl.strategies.decode import decode_arrays
-from flwr_pfl.strategies.validation import ClientReply, Scalar, check_arrays
+from flwr_pfl.strategies.validation import ClientReply, Scalar, check_arrays, describe_failures
 
 STEP_UPLOADS = ("matrix", "summary")
 
@@ -121,7 +118,10 @@ class FDAStrategy(PFLStrategy):
         evaluate_sources: also evaluate on the sources' test splits (source-domain accuracy).
         shuffle_sources: under the ``target`` placement, send the sources' models to the target
             in an order shuffled every round (App. C.1), so it cannot tell which source is which.
-        **kwargs: :class:`~flwr_pfl.strategies.base.PFLStrategy`'s arguments.
+        **kwargs: :class:`~flwr_pfl.strategies.base.PFLStrategy`'s arguments, Flower's FedAvg
+            arguments included (``fraction_fit`` < 1 and ``min_available_clients`` < ``num_clients``
+            are refused; with ``accept_failures=False`` under the ``target`` placement, a failure
+            in the sources' round skips the whole FDA round).
     """
 
     name = "fda"
@@ -140,7 +140,7 @@ class FDAStrategy(PFLStrategy):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        _require_full_participation(self.name, self.fraction_fit)
+        _require_full_participation(self.name, self.fraction_fit, self.min_available_clients, self.num_clients)
         self.config = config or FDAConfig()
         if step_upload not in STEP_UPLOADS:
             raise ConfigError(f"step_upload={step_upload!r} is unknown; allowed: {', '.join(STEP_UPLOADS)}")
@@ -165,6 +165,7 @@ class FDAStrategy(PFLStrategy):
         # target placement: the sources' replies of the current FDA round, in the order sent
         # to the target, kept between its two server rounds
         self._pending: list[ClientReply] = []
+        self._sources_refused = False  # target placement: the sources' round was not aggregated
 
     # ---------------------------------------------------------------- schedule
     def plan(self, server_round: int):
@@ -182,6 +183,11 @@ class FDAStrategy(PFLStrategy):
         if self.plan(server_round).stage is not Stage.TARGET:
             return super().configure_fit(server_round, parameters, client_manager)
         # target placement, second half: the target alone, with the sources' models
+        if self._sources_refused:
+            log(WARNING, "round %d: the sources' round was not aggregated (accept_failures=False); this FDA "
+                "round is skipped", server_round)
+            self._sources_refused, self._pending = False, []
+            return []
         proxy = client_manager.all().get(self.target_cid) if self.target_cid is not None else None
         if proxy is None:
             log(WARNING, "round %d: the target client is unknown or gone; this FDA round is skipped", server_round)
@@ -211,12 +217,9 @@ class FDAStrategy(PFLStrategy):
         }
         if plan.stage is Stage.TARGET:
             parameters, extra = self._target_payload(server_round, extra)
-        out = super().fit_instructions(server_round, parameters, clients)
-        for _, ins in out:
-            ins.parameters = parameters
-            ins.config.update(extra)
+        config = self.fit_config(server_round, extra)
         self._current = extra
-        return out
+        return [(proxy, FitIns(parameters, dict(config))) for proxy in clients]
 
     def _target_payload(self, server_round: int, extra: dict[str, Scalar]) -> tuple[Parameters, dict[str, Scalar]]:
         """The target's instructions under the target placement: the global arrays, then the
@@ -240,7 +243,7 @@ class FDAStrategy(PFLStrategy):
             if not pairs:  # the target was not sampled: ask it directly
                 proxy = client_manager.all().get(self.target_cid)
                 if proxy is not None:
-                    pairs = [(proxy, EvaluateIns(parameters, {"server-round": self.round_offset + server_round}))]
+                    pairs = [(proxy, EvaluateIns(parameters, self.evaluate_config(server_round)))]
         return pairs
 
     # ---------------------------------------------------------------- replies
@@ -307,7 +310,10 @@ class FDAStrategy(PFLStrategy):
     # ---------------------------------------------------------------- aggregation
     def aggregate_fit(self, server_round: int, results: list, failures: list) -> tuple[Parameters | None, dict[str, Scalar]]:
         self._failures = failures  # the base appends rejected replies to this list
-        return super().aggregate_fit(server_round, results, failures)
+        parameters, metrics = super().aggregate_fit(server_round, results, failures)
+        if self.plan(server_round).stage is Stage.SOURCES:
+            self._sources_refused = self.refuses_failures(len(failures))
+        return parameters, metrics
 
     def aggregate_replies(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
         glob = self.global_arrays
@@ -376,7 +382,7 @@ class FDAStrategy(PFLStrategy):
             raise ConfigError(
                 f"round {server_round}: the target has never answered: no reply of this run came from "
                 f"a client in the target role, and {len(self._failures)} client(s) failed this round: "
-                f"{_describe_failures(self._failures)}. Fix the target node's error, or {configure}"
+                f"{describe_failures(self._failures)}. Fix the target node's error, or {configure}"
             )
 
     def _adopt_target_aggregate(self, target: ClientReply, arrays: NDArrays, metrics: dict[str, float]) -> NDArrays:
@@ -467,10 +473,19 @@ class FDAStrategy(PFLStrategy):
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
+        """The base state plus the target's identity, the buffer flags, the target's accuracy
+        history (``target_accuracy_last5``) and, under the target placement between an FDA
+        round's two server rounds, the sources' kept replies."""
+        pending = [
+            {"cid": r.cid, "partition_id": r.partition_id, "num_examples": r.num_examples,
+             "arrays": [a.copy() for a in r.arrays], "metrics": dict(r.metrics)}
+            for r in self._pending
+        ]
         return super().state_dict() | {
             "target_cid": self.target_cid,
             "is_buffer": None if self.is_buffer is None else list(self.is_buffer),
             "target_history": list(self.target_history),
+            "pending": pending,
         }
 
     def load_state_dict(self, state: dict[str, Any], rounds_done: int) -> None:
@@ -478,17 +493,24 @@ class FDAStrategy(PFLStrategy):
         self.target_cid = state.get("target_cid", self.target_cid)
         if state.get("is_buffer") is not None:
             self.is_buffer = [bool(x) for x in state["is_buffer"]]
-        self.target_history = list(state.get("target_history", self.target_history))
+        self.target_history = [float(a) for a in state.get("target_history", self.target_history)]
+        self._pending = [
+            ClientReply(str(r["cid"]), int(r["partition_id"]), int(r["num_examples"]),
+                        [np.asarray(a) for a in r["arrays"]], dict(r["metrics"]))
+            for r in state.get("pending", [])
+        ]
 
 
-def _require_full_participation(name: str, fraction_fit: float) -> None:
-    """Refuse ``fraction_fit`` < 1 before any training.
+def _require_full_participation(name: str, fraction_fit: float, min_available: int, num_clients: int) -> None:
+    """Refuse ``fraction_fit`` < 1, or starting rounds before every client is connected
+    (``min_available_clients`` < ``num_clients``), before any training.
 
     The paper's protocol is cross-silo with full participation: every FDA round is built on the
     target's update (and Target Only trains nothing else), so a round that leaves the target out
     cannot aggregate. The strategy learns which client is the target only from its replies, so
-    it cannot guarantee the target a place in a partial sample; sub-sampling the sources only
-    (the official code's unused ``part_rate``) is not offered.
+    it cannot guarantee the target a place in a partial sample (nor in a round that starts
+    before it connects); sub-sampling the sources only (the official code's unused
+    ``part_rate``) is not offered.
     """
     if fraction_fit < 1.0:
         raise ConfigError(
@@ -496,27 +518,11 @@ def _require_full_participation(name: str, fraction_fit: float) -> None:
             "client, and the FedGP/FedDA family (FedGP, FedDA, Target Only, Source Only) samples "
             "every client every round; allowed: fraction-fit=1.0"
         )
-
-
-#: Flower's error for an exception raised by a ClientApp; group 1 is the client's own error
-_FLOWER_ERROR = re.compile(r"Message contains an Error \(reason: (.*)\)\. It originated", re.DOTALL)
-
-
-def _describe_failures(failures: list[Any], limit: int = 3, width: int = 400) -> str:
-    """The first ``limit`` failures of a round in words (exceptions, or replies with a bad status)."""
-    texts = []
-    for failure in failures[:limit]:
-        if isinstance(failure, BaseException):
-            text = f"{type(failure).__name__}: {failure}"
-            wrapped = _FLOWER_ERROR.search(text)  # Flower wraps a client's exception in its own
-            text = wrapped.group(1) if wrapped else text
-        else:
-            proxy, res = failure
-            bad_status = res.status.code != Code.OK
-            text = f"client {proxy.cid}: " + (res.status.message if bad_status else "its reply was rejected (see the warning above)")
-        texts.append(text if len(text) <= width else text[: width - 3] + "...")
-    more = f" (and {len(failures) - limit} more)" if len(failures) > limit else ""
-    return "; ".join(texts) + more
+    if min_available < num_clients:
+        raise ConfigError(
+            f"min_available_clients={min_available} < num_clients={num_clients} is not allowed for {name}: every "
+            "round needs every client, the target included, so rounds wait for all of them"
+        )
 
 
 def source_update(reply: ClientReply, glob: NDArrays) -> SourceUpdate:

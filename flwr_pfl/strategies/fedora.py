@@ -62,7 +62,6 @@ import numpy as np
 from flwr.common import (
     EvaluateIns,
     FitIns,
-    GetPropertiesIns,
     Parameters,
     log,
     ndarrays_to_parameters,
@@ -72,7 +71,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
 from flwr_pfl.core import fedora as core
-from flwr_pfl.errors import ReplyError
+from flwr_pfl.errors import ConfigError, ReplyError
 from flwr_pfl.strategies.base import NDArrays, PFLStrategy
 from flwr_pfl.strategies.decode import decode_arrays
 from flwr_pfl.strategies.validation import ClientReply, Scalar
@@ -127,12 +126,20 @@ class FEDORA(PFLStrategy):
             validation accuracy; LOCAL is selected by the same rule on its own curve).
         eval_aux: also send ``theta_hat_k`` at evaluation (diagnostic ``aux_accuracy``).
         eval_every: evaluate every this many rounds and after the last one (the official code:
-            10); 1 = every round.
-        **kwargs: :class:`PFLStrategy`'s arguments (``num_clients`` = K).
+            10); 1 = every round. Anything but 1 needs ``num_rounds``.
+        **kwargs: :class:`PFLStrategy`'s arguments (``num_clients`` = K, ``num_rounds``, Flower's
+            FedAvg arguments). ``evaluate_fn`` is refused (there is no global model), and so is
+            ``min_available_clients`` below K (the graph is built once, from every client).
+            ``on_fit_config_fn``'s keys reach the train rounds, not the setup exchange.
     """
 
     name = "fedora"
     needs_partition_ids = True  # each client is sent its own row of theta_hat
+    refused_hooks = {
+        "evaluate_fn": "FEDORA has no global model to evaluate on the server: each client k trains its own "
+        "theta_k from its auxiliary model theta_hat_k (evaluate them with the clients' evaluation)",
+    }
+    has_global_model = False  # each client its own model; the global arrays stay the initial ones
 
     def __init__(
         self,
@@ -145,6 +152,14 @@ class FEDORA(PFLStrategy):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if self.min_available_clients < self.num_clients:
+            raise ConfigError(
+                f"min_available_clients={self.min_available_clients} < num_clients={self.num_clients} is not allowed "
+                "for FEDORA: its similarity graph is built once, at the first round, from every client's subspace; "
+                "a client that connects later would stay isolated for the whole run"
+            )
+        if eval_every != 1:
+            self.require_num_rounds(f"eval_every={eval_every} (an evaluation after the last round)", "eval_every=1")
         if report_round not in REPORT_ROUNDS:
             raise ValueError(f"report_round={report_round!r}; allowed: {list(REPORT_ROUNDS)}")
         if eval_every < 1:
@@ -162,6 +177,9 @@ class FEDORA(PFLStrategy):
         self._sampled: set[int] = set()
         self._best: dict[str, dict[str, Any]] = {}
         self._current_round = 0
+        #: the rows the last Eq. 6/7 update kept (None: no update yet, theta_hat == theta), so
+        #: that a checkpoint needs only theta and those rows of theta_hat (see state_dict)
+        self._last_frozen: list[int] | None = None
 
     # ---------------------------------------------------------------- setup exchange
     def _connected_clients(self, client_manager: ClientManager) -> list[ClientProxy]:
@@ -169,10 +187,16 @@ class FEDORA(PFLStrategy):
         self.wait_for_clients(client_manager)
         return [proxy for _, proxy in sorted(client_manager.all().items())]
 
-    def setup(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> None:
-        """Collect every client's ``U_k`` and build the graph and the two buffers (Alg. 1 l. 1-7)."""
+    def setup(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> bool:
+        """Collect every client's ``U_k`` and build the graph and the two buffers (Alg. 1 l. 1-7).
+
+        Returns False, building nothing, when a client failed or sent an invalid subspace and
+        ``accept_failures`` is False: the round is skipped and the next one asks again.
+        """
         init = parameters_to_ndarrays(parameters)
         self.layout = core.ParameterLayout.from_arrays(init)
+        self.setup_errors = {}
+        failed = 0
         k_total = self.num_clients
         ins = FitIns(Parameters(tensors=[], tensor_type="numpy.ndarray"), subspace_config(self.config.subspace))
         uploads: dict[int, np.ndarray] = {}
@@ -180,7 +204,7 @@ class FEDORA(PFLStrategy):
 
         def ask(proxy: ClientProxy) -> Any:
             try:
-                return proxy.fit(ins, self.wait_timeout, server_round)
+                return proxy.fit(ins, self.exchange_timeout(self.wait_timeout), server_round)
             except Exception as err:  # no reply or an error reply
                 return err
 
@@ -193,10 +217,16 @@ class FEDORA(PFLStrategy):
                 pid, u = self._read_setup(proxy, reply)
             except Exception as err:  # no reply, an error reply or a malformed one
                 log(WARNING, "FEDORA setup: no subspace from client %s: %s", proxy.cid, err)
+                failed += 1
                 continue
             if u is not None:
                 uploads[pid] = u
         subspaces = self._check_subspaces(uploads, k_total)
+        failed += sum(1 for pid in uploads if subspaces[pid] is None)
+        if self.refuses_failures(failed):
+            log(WARNING, "FEDORA setup: %d client(s) failed and accept_failures=False: no graph is built; round %d "
+                "is skipped and the next round asks every client again", failed, server_round)
+            return False
         present = sum(u is not None for u in subspaces)
         if present == 0:
             raise RuntimeError(
@@ -209,6 +239,7 @@ class FEDORA(PFLStrategy):
         log(INFO, "FEDORA setup: %d/%d subspaces; graph %s, kappa=%.3f; isolated clients: %s; "
             "server buffers 2 x %d x %d float32 (%.1f MB)", present, k_total, self.config.graph,
             self.graph.kappa, isolated, k_total, self.layout.size, self.theta.nbytes * 2 / 2**20)
+        return True
 
     def _read_setup(self, proxy: ClientProxy, res: Any) -> tuple[int, np.ndarray | None]:
         pid = int(res.metrics.get("partition_id", -1))
@@ -246,8 +277,8 @@ class FEDORA(PFLStrategy):
     ) -> list[tuple[ClientProxy, FitIns]]:
         if self.global_arrays is None:
             self.global_arrays = parameters_to_ndarrays(parameters)
-        if self.graph is None:
-            self.setup(server_round, parameters, client_manager)
+        if self.graph is None and not self.setup(server_round, parameters, client_manager):
+            return []
         clients = self._sample(client_manager, server_round, self.fraction_fit, self.min_fit_clients)
         return self.fit_instructions(server_round, parameters, clients)
 
@@ -256,12 +287,7 @@ class FEDORA(PFLStrategy):
     ) -> list[tuple[ClientProxy, FitIns]]:
         """Each sampled client k gets its own ``theta_hat_k`` (views of its buffer row)."""
         assert self.layout is not None and self.theta_hat is not None
-        config: dict[str, Scalar] = {
-            **self.extra_fit_config,
-            "server-round": self.round_offset + server_round,
-            PHASE_KEY: "train",
-            **client_rule_config(self.config, self.local_baseline),
-        }
+        config = self.fit_config(server_round, {PHASE_KEY: "train", **client_rule_config(self.config, self.local_baseline)})
         out, self._sampled = [], set()
         for proxy in clients:
             pid = self.partition_of.get(proxy.cid)
@@ -283,7 +309,7 @@ class FEDORA(PFLStrategy):
         if current % self.eval_every and not (self.num_rounds and current >= self.num_rounds):
             return []
         clients = self._sample(client_manager, server_round, self.fraction_evaluate, self.min_evaluate_clients, "evaluate")
-        config: dict[str, Scalar] = {"server-round": self.round_offset + server_round}
+        config = self.evaluate_config(server_round)
         empty = Parameters(tensors=[], tensor_type="numpy.ndarray")
         out = []
         for proxy in clients:
@@ -321,6 +347,7 @@ class FEDORA(PFLStrategy):
         uploads = {r.partition_id: self.layout.flatten(r.arrays) for r in replies}
         frozen = sorted(self._sampled - set(uploads))
         core.server_update(self.theta, self.theta_hat, uploads, self.graph, self.config.propagation, frozen=frozen)
+        self._last_frozen = [int(k) for k in frozen]
         return self.global_arrays or []
 
     # ---------------------------------------------------------------- evaluation metrics
@@ -385,14 +412,23 @@ class FEDORA(PFLStrategy):
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """Base state plus ``arrays``: the two ``K x P`` buffers and the graph, by reference."""
+        """Base state plus ``arrays``: ``Theta`` (by reference, no copy) and the graph; plus the
+        best-validation records (``reported_*`` with ``report_round="best_val"``) and the setup
+        errors.
+
+        ``Theta_hat`` is not stored: it is what the last update computed from the stored
+        ``Theta`` (Eq. 6/7), so :meth:`load_state_dict` recomputes it by the same call, except
+        the rows that update kept (``frozen``: sampled clients without a valid reply), which
+        are stored. The checkpoint thus holds ``K x P`` values, not ``2 K x P``.
+        """
         state = super().state_dict()
-        if self.graph is None or self.theta is None or self.layout is None:
+        if self.graph is None or self.theta is None or self.theta_hat is None or self.layout is None:
             return state
         g = self.graph
+        frozen = self._last_frozen or []
         state["arrays"] = {
             "fedora_theta": self.theta,
-            "fedora_theta_hat": self.theta_hat,
+            "fedora_theta_hat_frozen": self.theta_hat[frozen],
             "fedora_similarity": g.similarity,
             "fedora_weights": g.weights,
             "fedora_transition": g.transition,
@@ -400,7 +436,11 @@ class FEDORA(PFLStrategy):
             "fedora_present": g.present,
             "fedora_kappa": np.array(g.kappa),
         }
-        return state
+        return state | {
+            "fedora_last_frozen": self._last_frozen,
+            "fedora_best": self._best,
+            "fedora_setup_errors": dict(self.setup_errors),
+        }
 
     def load_state_dict(self, state: dict[str, Any], rounds_done: int) -> None:
         """Resume from :meth:`state_dict` (or a checkpoint's ``state_*`` arrays)."""
@@ -410,9 +450,8 @@ class FEDORA(PFLStrategy):
             return
         self.layout = core.ParameterLayout.from_arrays(self.global_arrays or [])
         theta = np.ascontiguousarray(arrays["fedora_theta"], dtype=np.float32)
-        theta_hat = np.ascontiguousarray(arrays["fedora_theta_hat"], dtype=np.float32)
-        if theta.shape != (self.num_clients, self.layout.size) or theta_hat.shape != theta.shape:
-            raise ValueError(f"checkpoint buffers have shape {theta.shape}/{theta_hat.shape}, expected "
+        if theta.shape != (self.num_clients, self.layout.size):
+            raise ValueError(f"checkpoint buffer Theta has shape {theta.shape}, expected "
                              f"({self.num_clients}, {self.layout.size})")
         kappa = float(arrays["fedora_kappa"])
         if abs(kappa - self.config.propagation.kappa) > 1e-12:
@@ -424,8 +463,27 @@ class FEDORA(PFLStrategy):
             np.asarray(arrays["fedora_present"], dtype=bool))
         self.graph = replace(graph, weights=np.asarray(arrays["fedora_weights"]), transition=transition,
                              propagation=np.asarray(arrays["fedora_propagation"], dtype=np.float64))
-        self.theta, self.theta_hat = theta, theta_hat
-        self.partition_of = {}  # node ids may change across a restart: asked again
+        self.theta = theta
+        self._last_frozen = state.get("fedora_last_frozen")
+        self.theta_hat = self._recompute_theta_hat(np.asarray(arrays["fedora_theta_hat_frozen"], dtype=np.float32))
+        self._best = state.get("fedora_best", {})
+        self.setup_errors = {int(k): str(v) for k, v in state.get("fedora_setup_errors", {}).items()}
+
+    def _recompute_theta_hat(self, frozen_rows: np.ndarray) -> np.ndarray:
+        """``Theta_hat`` as the last update left it: that update's Eq. 6/7 call again on ``Theta``
+        (no uploads: the same rows, the same GEMM, hence the same bits at the same thread
+        count), then the rows it kept."""
+        assert self.theta is not None and self.graph is not None
+        if self._last_frozen is None:
+            return self.theta.copy()  # no update yet: every row is still theta^0
+        frozen = [int(k) for k in self._last_frozen]
+        if frozen_rows.shape != (len(frozen), self.theta.shape[1]):
+            raise ValueError(f"checkpoint keeps theta_hat rows of shape {frozen_rows.shape} for the "
+                             f"frozen clients {frozen}; expected ({len(frozen)}, {self.theta.shape[1]})")
+        theta_hat = np.empty_like(self.theta)
+        core.server_update(self.theta, theta_hat, {}, self.graph, self.config.propagation, frozen=frozen)
+        theta_hat[frozen] = frozen_rows
+        return theta_hat
 
 
 def _num(metrics: dict[str, Scalar], key: str) -> float | None:

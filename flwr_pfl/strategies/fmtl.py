@@ -243,14 +243,14 @@ class FedFMTL(PFLStrategy):
         phase = self.phase(server_round)
         want_stats = phase == 2 and self.weighting.scheme is HeadWeighting.FMTL_EQ10
         out = []
-        for proxy, ins in super().fit_instructions(server_round, parameters, clients):
+        for proxy in clients:
             key = f"p{self.partition_of[proxy.cid]}" if proxy.cid in self.partition_of else None
-            ins.config |= {
+            protocol: dict[str, Scalar] = {
                 "fmtl-phase": phase,
                 "fmtl-upload": self.upload if phase == 2 else "full",
                 "fmtl-stats": bool(want_stats and (key is None or key not in self.statistics)),
             }
-            out.append((proxy, ins))
+            out.append((proxy, FitIns(parameters, self.fit_config(server_round, protocol))))
         return out
 
     # ---------------------------------------------------------------- replies
@@ -424,13 +424,18 @@ class FedFMTL(PFLStrategy):
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """The base state plus the task registry and the logged weights."""
+        """The base state plus the task registry, the cached eq. (10) statistics and the logged
+        weights (both dicts in the order clients joined them). The head map and the population
+        weights are recomputed from the model and the registry."""
         return super().state_dict() | {
             "registry": {k: v.copy() for k, v in self.registry.items()},
+            "statistics": {k: [a.copy() for a in s.to_arrays()] for k, s in self.statistics.items()},
             "weight_history": list(self.weight_history),
         }
 
     def load_state_dict(self, state: dict[str, Any], rounds_done: int) -> None:
         super().load_state_dict(state, rounds_done)
         self.registry = {k: np.asarray(v) for k, v in state.get("registry", {}).items()}
+        self.statistics = {k: TaskStatistics.from_arrays(v) for k, v in state.get("statistics", {}).items()}
         self.weight_history = list(state.get("weight_history", []))
+        self._population_cache = None

@@ -28,7 +28,7 @@ mean of every array.
 
 from __future__ import annotations
 
-from logging import INFO, WARNING
+from logging import INFO
 from typing import Any
 
 import numpy as np
@@ -57,7 +57,7 @@ from flwr_pfl.core.pfedfda import (
     join_wire,
     split_wire,
 )
-from flwr_pfl.errors import ReplyError
+from flwr_pfl.errors import ConfigError, ReplyError
 from flwr_pfl.strategies.base import NDArrays, PFLStrategy
 from flwr_pfl.strategies.sampling import in_partition_order, sample_indices, sampling_rng
 from flwr_pfl.strategies.validation import ClientReply, Scalar
@@ -73,16 +73,19 @@ class PFedFDA(PFLStrategy):
             q = ``fraction_fit``, the paper's scheme; an empty draw becomes one client) or
             ``fixed`` (a fixed ``fraction_fit`` share, as Flower's FedAvg).
         full_last_round: every training client takes part in the last round (paper App. C.2);
-            needs ``num_rounds``.
+            needs ``num_rounds`` (refused without it: Flower does not tell a strategy which
+            round is the last, and skipping the full round silently changes the algorithm).
         eval_every: evaluate every this many rounds and after the last (0: only the last).
-            The last evaluation covers every client, including those never sampled.
+            The last evaluation covers every client, including those never sampled. Anything
+            but 1 needs ``num_rounds``.
         mean_init: ``uniform`` (official code) or ``gaussian`` (paper) initial means.
-        num_rounds: the run's total rounds (0: unknown; then no round counts as the last).
         train_clients: only partitions below this train (0: all); the rest are new clients,
             evaluated without ever training (Table 4 protocol).
         packed_cov: Sigma travels as its upper triangle.
         **kwargs: :class:`PFLStrategy`'s arguments (``num_clients``, ``fraction_fit`` = q,
-            ``seed``: seeds the per-round sampling and the initial means, ...).
+            ``num_rounds``: the run's total rounds, ``seed``: seeds the per-round sampling and
+            the initial means, Flower's FedAvg arguments, ...). ``min_fit_clients`` other than 1
+            is refused with Bernoulli sampling, which draws every client independently.
     """
 
     name = "pfedfda"
@@ -94,7 +97,6 @@ class PFedFDA(PFLStrategy):
         full_last_round: bool = True,
         eval_every: int = 1,
         mean_init: str = "uniform",
-        num_rounds: int = 0,
         train_clients: int = 0,
         packed_cov: bool = False,
         **kwargs: Any,
@@ -102,16 +104,25 @@ class PFedFDA(PFLStrategy):
         super().__init__(**kwargs)
         if sampling not in SAMPLING_MODES:
             raise ValueError(f"sampling must be one of {SAMPLING_MODES}, got {sampling!r}")
-        if eval_every < 0 or train_clients < 0 or num_rounds < 0:
-            raise ValueError("eval_every, train_clients and num_rounds must be >= 0")
+        if eval_every < 0 or train_clients < 0:
+            raise ValueError("eval_every and train_clients must be >= 0")
         if mean_init not in ("uniform", "gaussian"):
             raise ValueError(f"mean_init must be 'uniform' or 'gaussian', got {mean_init!r}")
+        if sampling == "bernoulli" and self.min_fit_clients != 1:
+            raise ConfigError(
+                f"min_fit_clients={self.min_fit_clients} does not apply to pFedFDA's Bernoulli participation (each "
+                "client takes part with probability q = fraction_fit, independently; an empty draw becomes one "
+                "client): use sampling='fixed' for a minimum number of clients"
+            )
+        if full_last_round:
+            self.require_num_rounds("full_last_round=True (every client trains in the last round, App. C.2)",
+                                    "full_last_round=False")
+        if eval_every != 1:
+            self.require_num_rounds(f"eval_every={eval_every} (an evaluation after the last round)", "eval_every=1")
         self.sampling = sampling
         self.full_last_round = full_last_round
         self.eval_every = eval_every
         self.mean_init = mean_init
-        if num_rounds:
-            self.num_rounds = num_rounds
         self.train_clients = train_clients
         self.packed_cov = packed_cov
         self._extra: dict[str, dict[str, float]] = {}
@@ -124,7 +135,7 @@ class PFedFDA(PFLStrategy):
         """(backbone, mu (C, d), Sigma (d, d)) of a message."""
         return split_wire(arrays, packed_cov=self.packed_cov)
 
-    def _initial_arrays(self, parameters: Parameters) -> NDArrays:
+    def initial_global_arrays(self, parameters: Parameters) -> NDArrays:
         """The first global arrays: the client's backbone with the server's mu_g^0, Sigma_g^0."""
         backbone, mu, _ = self.split(parameters_to_ndarrays(parameters))
         mu0, sigma0 = init_global_statistics(mu.shape[0], mu.shape[1], init=self.mean_init, seed=self.seed)  # type: ignore[arg-type]
@@ -135,7 +146,7 @@ class PFedFDA(PFLStrategy):
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
         if self.global_arrays is None:
-            self.global_arrays = self._initial_arrays(parameters)
+            self.global_arrays = self.initial_global_arrays(parameters)
         parameters = ndarrays_to_parameters(self.global_arrays)
         clients = self.all_clients(server_round, client_manager)
         if self.train_clients:
@@ -168,7 +179,7 @@ class PFedFDA(PFLStrategy):
             clients = self.all_clients(server_round, client_manager)  # the paper evaluates everyone
         else:
             clients = self._sample(client_manager, server_round, self.fraction_evaluate, self.min_evaluate_clients, "evaluate")
-        config: dict[str, Scalar] = {"server-round": self.round_offset + server_round}
+        config = self.evaluate_config(server_round)
         return [(proxy, EvaluateIns(parameters, dict(config))) for proxy in clients]
 
     # ---------------------------------------------------------------- replies
@@ -216,6 +227,8 @@ class PFedFDA(PFLStrategy):
         """The base summaries plus the paper's: accuracy mean (std, Bessel) across clients, and
         beta for clean (domain 0) vs shifted clients and for clients never trained."""
         valid = [r for _, r in in_partition_order(results) if r.num_examples > 0 and np.isfinite(r.loss)]
+        if self.refuses_failures(len(failures) + len(results) - len(valid)):
+            return super().aggregate_evaluate(server_round, results, failures)  # not aggregated
         summary = self._evaluate_summary(valid)
         self._extra["evaluate"] = summary  # merged into what the results writer sees
         loss, metrics = super().aggregate_evaluate(server_round, results, failures)
@@ -245,11 +258,6 @@ class PFedFDA(PFLStrategy):
         super()._notify(server_round, phase, {**metrics, **self._extra.pop(phase, {})}, clients)
 
     # ---------------------------------------------------------------- state
-    def state_dict(self) -> dict[str, Any]:
-        """The base state plus the learned partition ids (sampling needs no state: each round's
-        generator is derived from the seed and the round)."""
-        return {**super().state_dict(), "partition_of": dict(self.partition_of)}
-
-    def load_state_dict(self, state: dict[str, Any], rounds_done: int) -> None:
-        super().load_state_dict(state, rounds_done)
-        self.partition_of.update(state.get("partition_of", {}))
+    # The base state (global arrays = backbone + mu_g + Sigma_g, learned partition ids) is all
+    # of it: sampling needs no state (each round's generator is derived from the seed and the
+    # round), the last round is counted from round_offset, and _extra lives within one round.

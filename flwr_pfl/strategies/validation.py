@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+from flwr.common import Code
 
 from flwr_pfl.errors import ReplyError
 
@@ -40,3 +43,26 @@ def check_arrays(
             raise ReplyError(f"client {who}: array {i} has shape {tuple(array.shape)}, expected {tuple(shape)}")
         if np.issubdtype(array.dtype, np.floating) and not np.all(np.isfinite(array)):
             raise ReplyError(f"client {who}: array {i} contains NaN or Inf")
+
+
+#: Flower's error for an exception raised by a ClientApp; group 1 is the client's own error
+_FLOWER_ERROR = re.compile(r"Message contains an Error \(reason: (.*)\)\. It originated", re.DOTALL)
+
+
+def describe_failures(failures: Sequence[Any], limit: int = 3, width: int = 400) -> str:
+    """The first ``limit`` failures of a round in words: Flower's ``failures`` list of
+    exceptions (a client's own error unwrapped from Flower's message) or ``(proxy, reply)``
+    pairs with a bad status or a rejected reply."""
+    texts = []
+    for failure in failures[:limit]:
+        if isinstance(failure, BaseException):
+            text = f"{type(failure).__name__}: {failure}"
+            wrapped = _FLOWER_ERROR.search(text)  # Flower wraps a client's exception in its own
+            text = wrapped.group(1) if wrapped else text
+        else:
+            proxy, res = failure
+            bad_status = res.status.code != Code.OK
+            text = f"client {proxy.cid}: " + (res.status.message if bad_status else "its reply was rejected (see the warning above)")
+        texts.append(text if len(text) <= width else text[: width - 3] + "...")
+    more = f" (and {len(failures) - limit} more)" if len(failures) > limit else ""
+    return "; ".join(texts) + more

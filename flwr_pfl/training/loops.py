@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 
 from flwr_pfl.data.types import ArraySplit, Task
 from flwr_pfl.models.base import EncoderHeadModel
+from flwr_pfl.training.batches import BatchKeys, num_samples, read_batch
 from flwr_pfl.training.optim import OptimizerConfig, make_optimizer
 from flwr_pfl.training.params import only_trainable
 
@@ -42,21 +43,6 @@ def supervised_loss(task: Task) -> LossFn:
         return per_sample_loss(model(x, d), y, task)
 
     return loss
-
-
-def unpack_batch(batch: Sequence[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, ...]:
-    """(x, y, domain) on ``device``; a plain (x, y) batch gets domain 0 for every sample.
-
-    This lets users hand any ordinary DataLoader of (input, target) pairs to a client.
-    """
-    if len(batch) == 2:
-        x, y = batch
-        d = torch.zeros(len(x), dtype=torch.long)
-    elif len(batch) == 3:
-        x, y, d = batch
-    else:
-        raise ValueError(f"a batch must be (x, y) or (x, y, domain); got {len(batch)} elements")
-    return x.to(device), y.to(device), d.to(device)
 
 
 def _nonfinite(tensor: torch.Tensor) -> tuple[int, int]:
@@ -129,11 +115,13 @@ def train(
     max_steps: int = 0,
     after_step: Callable[[EncoderHeadModel, int], None] | None = None,
     who: str = "",
+    keys: BatchKeys | None = None,
 ) -> TrainStats:
     """Train the parameter ``groups`` of ``model`` for ``epochs`` passes over ``loader``.
 
     Args:
-        loader: yields (x, y, domain) or (x, y) batches (see :func:`unpack_batch`).
+        loader: yields (x, y, domain) or (x, y) batches, or dicts read with ``keys``
+            (see :func:`~flwr_pfl.training.batches.read_batch`).
         groups: parameter groups to train; all others stay frozen (FedRep trains ``heads``
             then ``body``; FedDAR's head phase trains ``heads`` only).
         loss_fn: per-sample loss; defaults to :func:`supervised_loss` for ``task``.
@@ -145,6 +133,7 @@ def train(
         after_step: called as ``after_step(model, step)`` after every optimizer step (e.g. to
             record per-step parameter updates, as FedGP's auto-weighting needs).
         who: whose data this is (e.g. ``"partition 3"``), named in errors.
+        keys: the entries of dict batches (default: flwr-datasets' column names).
 
     Raises:
         FloatingPointError: the loss became NaN or Inf; the client's reply then counts as a
@@ -162,7 +151,7 @@ def train(
         opt = make_optimizer(params, optimizer)
         for epoch in range(epochs):
             for batch_index, batch in enumerate(loader):
-                x, y, d = unpack_batch(batch, device)
+                x, y, d = read_batch(batch, device, keys)
                 losses = loss_fn(model, x, y, d)
                 if weights is not None:
                     losses = losses * weights[d]
@@ -185,7 +174,7 @@ def train(
                 break
     return TrainStats(
         loss=loss_sum / max(steps, 1),
-        num_examples=len(loader.dataset),  # type: ignore[arg-type]
+        num_examples=num_samples(loader),
         steps=steps,
         seconds=time.perf_counter() - start,
     )
@@ -236,11 +225,12 @@ def evaluate(
     batch_size: int = 512,
     loss_fn: LossFn | None = None,
     predict_fn: Callable[[EncoderHeadModel, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    keys: BatchKeys | None = None,
 ) -> EvalResult:
     """Mean loss (and accuracy for classification) of ``model`` on ``data``.
 
     ``data`` is an :class:`ArraySplit` (read in batches of ``batch_size``) or any DataLoader of
-    (x, y) or (x, y, domain) batches.
+    (x, y) or (x, y, domain) batches, or of dicts read with ``keys``.
 
     ``predict_fn(model, x, domain)`` returns the outputs used for accuracy (defaults to the
     model's own forward); ``loss_fn`` as in :func:`train`.
@@ -253,7 +243,7 @@ def evaluate(
     correct = torch.zeros(num_domains, dtype=torch.long)
     loader = data.loader(batch_size, shuffle=False) if isinstance(data, ArraySplit) else data
     for batch in loader:
-        x, y, d = unpack_batch(batch, device)
+        x, y, d = read_batch(batch, device, keys)
         losses = loss_fn(model, x, y, d).double().cpu()
         d_cpu = d.cpu()
         count += torch.bincount(d_cpu, minlength=num_domains)
@@ -279,8 +269,10 @@ def collect_features(
     *,
     device: torch.device,
     batch_size: int = 512,
+    keys: BatchKeys | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Encoder features phi(x), targets and domain labels of every sample, on ``device``.
+    """Encoder features phi(x), targets and domain labels of every sample, on ``device``
+    (dict batches read with ``keys``).
 
     Returns (features (N, feature_dim), y (N, ...), domain (N,)) in the data's order, with the
     model in eval mode: the statistics algorithms compute from features (pFedFDA's class means
@@ -290,7 +282,7 @@ def collect_features(
     loader = data.loader(batch_size, shuffle=False) if isinstance(data, ArraySplit) else data
     feats, ys, ds = [], [], []
     for batch in loader:
-        x, y, d = unpack_batch(batch, device)
+        x, y, d = read_batch(batch, device, keys)
         feats.append(model.features(x))
         ys.append(y)
         ds.append(d)

@@ -1,14 +1,17 @@
 """Named parameter groups of an encoder + heads model, to and from ordered lists of NumPy arrays.
 
-Groups: ``all`` (the whole state_dict), ``body`` (the encoder), ``heads`` (every head) and
-``head:<m>`` (head m). Arrays follow the model's ``state_dict()`` order, buffers included (so
-BatchNorm statistics travel with their layer); that order is the wire layout every strategy
-documents.
+Groups: ``all`` (the whole state_dict), ``heads`` (every head), ``head:<m>`` (head m) and
+``body`` (everything that is not a head: the encoder). The model says which ``state_dict`` keys
+are head keys through its ``in_head(key, index)`` method
+(:class:`~flwr_pfl.models.EncoderHeadModel`, and :class:`~flwr_pfl.models.HeadSplit` for a
+user's own model); any model has the group ``all``. Arrays follow the model's ``state_dict()``
+order, buffers included (so BatchNorm statistics travel with their layer); that order is the wire
+layout every strategy documents.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import numpy as np
@@ -18,22 +21,29 @@ from torch import nn
 NDArrays = list[np.ndarray]
 
 
-def _prefixes(group: str) -> tuple[str, ...]:
+def _member(model: nn.Module, group: str) -> Callable[[str], bool]:
+    """Whether a state_dict key (or parameter name) of ``model`` belongs to ``group``."""
     if group == "all":
-        return ("",)
+        return lambda key: True
+    index = int(group[5:]) if group.startswith("head:") and group[5:].isdigit() else None
+    if group not in ("body", "heads") and index is None:
+        raise ValueError(f"unknown parameter group {group!r}; allowed: all, body, heads, head:<m>")
+    in_head = getattr(model, "in_head", None)
+    if in_head is None:
+        raise ValueError(
+            f"parameter group {group!r} needs a model split into body and head(s); this "
+            f"{type(model).__name__} is not: name its head with "
+            "flwr_pfl.models.split_model(model, head=...) (or pass head= to the client)"
+        )
     if group == "body":
-        return ("encoder.",)
-    if group == "heads":
-        return ("heads.",)
-    if group.startswith("head:") and group[5:].isdigit():
-        return (f"heads.{int(group[5:])}.",)
-    raise ValueError(f"unknown parameter group {group!r}; allowed: all, body, heads, head:<m>")
+        return lambda key: not in_head(key)
+    return lambda key: in_head(key, index)
 
 
 def group_keys(model: nn.Module, group: str) -> list[str]:
     """The state_dict keys of ``group``, in state_dict order."""
-    prefixes = _prefixes(group)
-    keys = [k for k in model.state_dict() if k.startswith(prefixes)]
+    member = _member(model, group)
+    keys = [k for k in model.state_dict() if member(k)]
     if not keys:
         raise ValueError(f"parameter group {group!r} is empty for this model")
     return keys
@@ -75,8 +85,8 @@ def group_shapes(model: nn.Module, group: str = "all") -> list[tuple[int, ...]]:
 
 def group_parameters(model: nn.Module, groups: Sequence[str]) -> list[nn.Parameter]:
     """The trainable parameters (not buffers) that belong to any of ``groups``."""
-    prefixes = tuple(p for g in groups for p in _prefixes(g))
-    return [p for name, p in model.named_parameters() if name.startswith(prefixes)]
+    members = [_member(model, g) for g in groups]
+    return [p for name, p in model.named_parameters() if any(member(name) for member in members)]
 
 
 @contextmanager

@@ -55,7 +55,16 @@ def test_algorithm_options_are_namespaced():
         ({"fraction-fit": 1.5}, ["fraction-fit=1.5", "[0, 1]"]),
         ({"learning-rate": -1.0}, ["learning-rate", "> 0"]),
         ({"model": "vgg"}, ["model='vgg'", "cnn28"]),
-        ({"optimizer": "lbfgs"}, ["optimizer='lbfgs'", "sgd, adam"]),
+        ({"optimizer": "lbfgs"}, ["optimizer='lbfgs'", "closure", "adamw", "sgd"]),
+        ({"optimizer": "adamx"}, ["optimizer='adamx'", "did you mean adamax", "rmsprop"]),
+        ({"optimizer": "adamw", "optimizer-options": "beta=(0.9, 0.99)"}, ["'beta'", "did you mean betas", "amsgrad"]),
+        ({"optimizer": "adamw", "optimizer-options": "betas=(0.9"}, ["optimizer-options='betas=(0.9'", "name=value"]),
+        ({"optimizer": "adamw", "optimizer-options": "betas=(1.5, 0.9)"}, ["AdamW", "beta parameter"]),
+        ({"optimizer": "adam", "optimizer-options": "lr=0.1"}, ["'lr'", "learning-rate"]),
+        ({"lr-scheduler": "steplr"}, ["StepLR", "step_size"]),
+        ({"lr-scheduler": "stepl", "lr-scheduler-options": "step_size=2"}, ["lr-scheduler='stepl'", "did you mean steplr"]),
+        ({"lr-scheduler": "reducelronplateau"}, ["ReduceLROnPlateau", "metric"]),
+        ({"lr-scheduler-options": "gamma=0.5"}, ["lr-scheduler-options", "no lr-scheduler"]),
         ({"local-epochs": 1.5}, ["local-epochs=1.5", "integer"]),
         ({"device": 3}, ["device=3", "string"]),
         ({"lerning-rate": 0.1}, ["lerning-rate", "learning-rate"]),
@@ -80,3 +89,19 @@ def test_output_path_is_absolute_and_named(tmp_path):
 def test_every_registered_algorithm_has_a_summary():
     for name, spec in ALGORITHMS.items():
         assert spec.name == name and spec.summary
+
+
+def test_optimizer_and_scheduler_keys_reach_the_train_config():
+    """Any torch optimizer by name with its options, and a scheduler with its options, from the
+    flat run-config strings; absent keys keep the plain optimizer."""
+    experiment = parse_experiment({
+        "optimizer": "AdamW", "learning-rate": 0.003, "weight-decay": 0.02,
+        "optimizer-options": "betas=(0.8, 0.95), amsgrad=true, eps=1e-6",
+        "lr-scheduler": "StepLR", "lr-scheduler-options": "step_size=3, gamma=0.25",
+    })
+    opt = experiment.train_config.optimizer
+    assert (opt.name, opt.learning_rate, opt.weight_decay) == ("adamw", 0.003, 0.02)
+    assert dict(opt.options) == {"betas": (0.8, 0.95), "amsgrad": True, "eps": 1e-6}
+    assert opt.scheduler == "steplr" and dict(opt.scheduler_options) == {"step_size": 3, "gamma": 0.25}
+    plain = parse_experiment({}).train_config.optimizer
+    assert (plain.name, plain.options, plain.scheduler, plain.scheduler_options) == ("sgd", (), "", ())

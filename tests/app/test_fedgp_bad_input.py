@@ -82,7 +82,9 @@ def test_partial_participation_stops_the_run_before_any_training(tmp_path, blobs
     grid = InProcessGrid(client_app, N, config)
     with pytest.raises(ConfigError, match="fraction-fit=0.75 is not allowed for fedda"):
         server_app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=config))
-    assert grid.bytes_sent == 0 and grid.client_seconds == 0.0  # no client was ever contacted
+    # no client was sent or sent back any array (the only exchange: the federation's size,
+    # which the app's node answers from its node config)
+    assert grid.bytes_sent == 0 and grid.bytes_received == 0
 
 
 def test_misspelt_target_role_stops_the_run_naming_the_allowed_roles(tmp_path, blobs_dataset):

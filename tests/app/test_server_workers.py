@@ -45,5 +45,5 @@ def test_the_legacy_server_pool_gets_the_setting(tmp_path, blobs_dataset, monkey
     cfg = {"dataset": blobs_dataset, "model": "mlp", "num-clients": 3, "num-server-rounds": 1,
            "output-dir": str(tmp_path), "run-name": "run"}
     run_inprocess(server_app, client_app, 3, cfg)
-    run_inprocess(server_app, client_app, 3, cfg | {"server-workers": 2})
+    run_inprocess(server_app, client_app, 3, cfg | {"server-workers": 2, "run-name": "run-2"})
     assert seen == [1, 2]

@@ -561,7 +561,8 @@ def _loop_estimators(g, s, gbar=None):
 
 @pytest.mark.parametrize("explicit_mean", [False, True])
 def test_estimators_match_brute_force_loops_across_chunk_boundaries(monkeypatch, explicit_mean):
-    monkeypatch.setattr(F, "_CHUNK_ELEMENTS", 50)  # 50 // m = 1 row per chunk: exercises chunking
+    # 50 // m = 1 row per chunk: exercises chunking (patched where _row_sq_norms reads it)
+    monkeypatch.setattr("flwr_pfl.core.fedgp.step_updates._CHUNK_ELEMENTS", 50)
     rng = np.random.default_rng(12)
     g = rng.standard_normal((9, 40)) * 0.1 + rng.standard_normal(40)
     s = rng.standard_normal((3, 40))

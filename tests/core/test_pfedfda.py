@@ -486,7 +486,7 @@ def test_solver_failure_keeps_the_previous_beta(monkeypatch: pytest.MonkeyPatch,
             raise torch.linalg.LinAlgError("singular")
         return torch.full((size,), float("nan"), dtype=dtype)
 
-    monkeypatch.setattr(P, "_minimize_lbfgs", broken)
+    monkeypatch.setattr("flwr_pfl.core.pfedfda.beta._minimize_lbfgs", broken)
     z, y, mu_g, cov_g, pi = _client_tensors(shifted_gaussian_client(10, 1.0, seed=0))
     config = P.PFedFDAConfig(beta=P.BetaSearch(mode="multi"))
     result = P.solve_beta(z, y, mu_g, cov_g, pi, config=config, previous_beta=(0.3, 0.6))

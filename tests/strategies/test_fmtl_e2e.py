@@ -216,7 +216,8 @@ def test_head_only_upload_is_smaller(tmp_path, blobs_dataset) -> None:
     received = {}
     for upload in ("full", "head_only"):
         grid = run_inprocess(registry_server_app, registry_client_app, 6,
-                             _config(tmp_path, blobs_dataset, **{"fmtl.upload": upload, "fmtl.t1-rounds": 0, "num-server-rounds": 1}))
+                             _config(tmp_path, blobs_dataset, **{"fmtl.upload": upload, "fmtl.t1-rounds": 0, "num-server-rounds": 1,
+                                                                 "run-name": upload}))
         received[upload] = grid.bytes_received
     # both include one full model for the initial parameters; then 3 replies of the whole model vs the head
     assert 0 < received["head_only"] < 0.3 * received["full"]
@@ -256,7 +257,7 @@ def test_head_map_that_does_not_fit_the_model_stops_the_run(tmp_path, blobs_data
     bad = type("BadMap", (FedFMTL,), {"__init__": lambda self, **kw: FedFMTL.__init__(self, head_map=HeadMap.stacked_linear(4, 99, 100), **kw)})
     monkeypatch.setitem(ALGORITHMS, "fmtl", dataclasses.replace(ALGORITHMS["fmtl"], strategy=bad))
     with pytest.raises(ValueError, match="HeadMap: task 0 names array 99"):
-        run_inprocess(registry_server_app, registry_client_app, 6, _config(tmp_path, blobs_dataset))
+        run_inprocess(registry_server_app, registry_client_app, 6, _config(tmp_path, blobs_dataset, **{"run-name": "bad-map"}))
 
 
 class _BadFMTLClient(FedFMTLClient):

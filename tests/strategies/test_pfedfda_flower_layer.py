@@ -161,7 +161,7 @@ def test_a_failing_solver_falls_back_to_both_betas_of_the_previous_round(monkeyp
     def broken(*args, **kwargs):
         raise RuntimeError("line search failed")
 
-    monkeypatch.setattr(core, "_minimize_lbfgs", broken)
+    monkeypatch.setattr("flwr_pfl.core.pfedfda.beta._minimize_lbfgs", broken)
     again = make_client(config=official, fit_config=official, stats_source="all_epochs", ctx=client.context)
     _, _, second = again.fit(message(again), {"server-round": 2})
     assert second["beta_fallback"] == 1.0

@@ -269,7 +269,7 @@ def test_a_failing_beta_solver_keeps_the_previous_beta(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("line search failed")
 
-    monkeypatch.setattr(core, "_minimize_lbfgs", broken)
+    monkeypatch.setattr("flwr_pfl.core.pfedfda.beta._minimize_lbfgs", broken)
     client = make_client([0, 1, 2] * 10, context=context)  # a new object, as the engine builds
     _, _, second = client.fit(server_message(client), {"server-round": 2})
     assert second["beta_fallback"] == 1.0

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from flwr_pfl.app.registry import AlgorithmSpec, register
 from flwr_pfl.clients.fedgp import FedGPClient
-from flwr_pfl.core.fedgp import FDAConfig, Preset, Rule, fda_preset
+from flwr_pfl.core.fedgp import FDAConfig, Preset, fda_preset
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.strategies.fedgp import STEP_UPLOADS, FedDA, FedGP, SourceOnly, TargetOnly
 

@@ -3,7 +3,7 @@
 Every option is read from the run-config key ``fedora.<field-name>`` (kebab-case), e.g.
 ``fedora.lambda-rule``. The local optimizer, epochs and batch size are the common keys
 (``learning-rate``, ``momentum``, ``weight-decay``, ``local-epochs``, ``batch-size``); the
-presets in ``simulations/fedora_*.toml`` set them to the official code's values.
+presets in ``flwr_pfl/presets/fedora_*.toml`` set them to the official code's values.
 """
 
 from __future__ import annotations

@@ -1,0 +1,144 @@
+"""What flwr_pfl's Message-API flavour puts in a Flower ``Message``: the one place that packs and
+reads its records, used by the server side (:mod:`flwr_pfl.serverapp`) and the client handlers
+(:mod:`flwr_pfl.clientapp`).
+
+The records follow Flower's own Message-API apps (``flwr new``):
+
+* ``train`` and ``evaluate`` requests: ``{"arrays": ArrayRecord, "config": ConfigRecord}``;
+* ``train`` replies: ``{"arrays": ArrayRecord, "metrics": MetricRecord}``; ``evaluate`` replies:
+  ``{"metrics": MetricRecord}``, with ``num-examples`` (and ``loss``) in the MetricRecord;
+* ``query`` requests: ``{"config": ConfigRecord}``; replies: ``{"properties": ConfigRecord}``.
+
+A client's metrics that are not numbers (a reason string, a flag) travel in a ConfigRecord
+``"info"`` beside the MetricRecord, which holds numbers only; :func:`read_metrics` merges them
+back. Arrays keep their order: an ArrayRecord is ordered, and the order is the protocol (the
+round logic addresses arrays by position); the names label them (the model's ``state_dict``
+names where the sender knows them, else ``"0"``, ``"1"``, ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.common import Scalar
+
+ARRAYS = "arrays"
+CONFIG = "config"
+METRICS = "metrics"
+INFO = "info"
+PROPERTIES = "properties"
+NUM_EXAMPLES = "num-examples"
+LOSS = "loss"
+
+
+class MessageContentError(ValueError):
+    """A message's content is not what the Message-API flavour sends or expects."""
+
+
+def pack_arrays(arrays: Sequence[np.ndarray], names: Sequence[str] | None = None) -> ArrayRecord:
+    """An ArrayRecord holding ``arrays`` in order, named by ``names`` when given (same length,
+    distinct), else by position."""
+    if names is None or len(names) != len(arrays) or len(set(names)) != len(names):
+        names = [str(i) for i in range(len(arrays))]
+    return ArrayRecord({name: Array(np.asarray(array)) for name, array in zip(names, arrays)})
+
+
+def unpack_arrays(record: ArrayRecord) -> list[np.ndarray]:
+    """The arrays of ``record`` in order."""
+    return record.to_numpy_ndarrays()
+
+
+def _split_scalars(values: Mapping[str, Scalar]) -> tuple[dict[str, int | float], dict[str, Scalar]]:
+    numbers: dict[str, int | float] = {}
+    other: dict[str, Scalar] = {}
+    for key, value in values.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            numbers[key] = value
+        else:
+            other[key] = value
+    return numbers, other
+
+
+def request_content(arrays: Sequence[np.ndarray], config: Mapping[str, Scalar], names: Sequence[str] | None = None) -> RecordDict:
+    """A ``train`` / ``evaluate`` request: the arrays and the config."""
+    return RecordDict({ARRAYS: pack_arrays(arrays, names), CONFIG: ConfigRecord(dict(config))})
+
+
+def read_request(content: RecordDict) -> tuple[list[np.ndarray], dict[str, Scalar]]:
+    """The arrays and config of a request (no arrays: an empty list)."""
+    arrays = unpack_arrays(content.array_records[ARRAYS]) if ARRAYS in content.array_records else []
+    config = dict(content.config_records[CONFIG]) if CONFIG in content.config_records else {}
+    return arrays, config
+
+
+def metrics_content(num_examples: int, metrics: Mapping[str, Scalar], loss: float | None = None) -> RecordDict:
+    """``{"metrics": MetricRecord}`` (numbers, with ``num-examples`` and ``loss`` when given) and,
+    where some metrics are not numbers, ``{"info": ConfigRecord}``."""
+    numbers, other = _split_scalars(metrics)
+    if NUM_EXAMPLES in numbers or (loss is not None and LOSS in numbers):
+        raise MessageContentError(f"a client metric may not be named {NUM_EXAMPLES!r} or {LOSS!r}: they are the reply's own")
+    numbers[NUM_EXAMPLES] = int(num_examples)
+    if loss is not None:
+        numbers[LOSS] = float(loss)
+    content = RecordDict({METRICS: MetricRecord(numbers)})
+    if other:
+        content[INFO] = ConfigRecord(other)
+    return content
+
+
+def train_reply_content(arrays: Sequence[np.ndarray], num_examples: int, metrics: Mapping[str, Scalar], names: Sequence[str] | None = None) -> RecordDict:
+    """A ``train`` reply: the arrays, ``num-examples`` and the metrics."""
+    content = metrics_content(num_examples, metrics)
+    content[ARRAYS] = pack_arrays(arrays, names)
+    return content
+
+
+def read_metrics(content: RecordDict) -> tuple[int, float | None, dict[str, Scalar]]:
+    """``(num_examples, loss or None, the other metrics)`` of a reply.
+
+    Raises:
+        MessageContentError: no MetricRecord, or no valid ``num-examples`` in it.
+    """
+    if METRICS not in content.metric_records:
+        raise MessageContentError(f"the reply has no MetricRecord {METRICS!r} (records: {sorted(content.keys())})")
+    metrics: dict[str, Any] = dict(content.metric_records[METRICS])
+    num_examples = metrics.pop(NUM_EXAMPLES, None)
+    if not isinstance(num_examples, int) or num_examples < 0:
+        raise MessageContentError(f"the reply's {NUM_EXAMPLES!r} is {num_examples!r}, not a non-negative integer")
+    loss = metrics.pop(LOSS, None)
+    if INFO in content.config_records:
+        metrics |= dict(content.config_records[INFO])
+    return num_examples, (None if loss is None else float(loss)), metrics
+
+
+def read_train_reply(content: RecordDict) -> tuple[list[np.ndarray], int, dict[str, Scalar]]:
+    """``(arrays, num_examples, metrics)`` of a ``train`` reply (no ArrayRecord: no arrays)."""
+    num_examples, loss, metrics = read_metrics(content)
+    if loss is not None:
+        metrics[LOSS] = loss
+    arrays = unpack_arrays(content.array_records[ARRAYS]) if ARRAYS in content.array_records else []
+    return arrays, num_examples, metrics
+
+
+def query_content(config: Mapping[str, Scalar]) -> RecordDict:
+    """A ``query`` request."""
+    return RecordDict({CONFIG: ConfigRecord(dict(config))})
+
+
+def properties_content(properties: Mapping[str, Scalar]) -> RecordDict:
+    """A ``query`` reply."""
+    return RecordDict({PROPERTIES: ConfigRecord(dict(properties))})
+
+
+def read_properties(content: RecordDict) -> dict[str, Scalar]:
+    """The properties of a ``query`` reply.
+
+    Raises:
+        MessageContentError: the reply has no ConfigRecord ``"properties"``.
+    """
+    if PROPERTIES not in content.config_records:
+        raise MessageContentError(f"the query reply has no ConfigRecord {PROPERTIES!r} (records: {sorted(content.keys())})")
+    return dict(content.config_records[PROPERTIES])

@@ -1,0 +1,193 @@
+"""flwr_pfl as an installed package: public names, the app it carries, the launcher's own flwr,
+and (slow) a wheel built, installed in a fresh environment and run from another directory."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import site
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import flwr_pfl.clients
+import flwr_pfl.strategies
+from flwr_pfl.app import launch
+from flwr_pfl.app.appdir import BUNDLED_APP, CHECKOUT_ROOT, app_dir, default_run_config, is_app_dir
+from flwr_pfl.app.config import SIMULATED_CLIENTS
+from flwr_pfl.app.registry import ALGORITHMS
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_registered_algorithm_is_public(name):
+    """Its strategy and client are importable by class name from the two public packages."""
+    spec = ALGORITHMS[name]
+    for package, cls in ((flwr_pfl.strategies, spec.strategy), (flwr_pfl.clients, spec.client)):
+        assert cls.__name__ in package.__all__, f"{package.__name__}.__all__ lacks {cls.__name__}"
+        assert getattr(package, cls.__name__) is cls
+
+
+@pytest.mark.parametrize("package", [flwr_pfl.strategies, flwr_pfl.clients], ids=lambda p: p.__name__)
+def test_all_lists_only_what_exists(package):
+    assert len(set(package.__all__)) == len(package.__all__)
+    assert all(hasattr(package, name) for name in package.__all__)
+
+
+def test_the_checkout_is_the_app_and_its_pyproject_the_default_config():
+    assert app_dir() == CHECKOUT_ROOT == REPO_ROOT
+    assert not BUNDLED_APP.exists()  # only wheels carry the copy
+    config = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    assert default_run_config()["learning-rate"] == config["tool"]["flwr"]["app"]["config"]["learning-rate"]
+    assert default_run_config({"learning-rate": 0.5})["learning-rate"] == 0.5
+    with pytest.raises(ValueError, match="no-such-key"):
+        default_run_config({"no-such-key": 1})
+
+
+def test_the_wheel_carries_the_pyproject_and_the_presets():
+    """The build configuration puts the app's pyproject.toml where appdir looks for it."""
+    config = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    wheel = config["tool"]["hatch"]["build"]["targets"]["wheel"]
+    assert wheel["packages"] == ["flwr_pfl"]
+    target = wheel["force-include"]["pyproject.toml"]
+    assert REPO_ROOT / target == BUNDLED_APP / "pyproject.toml"
+    assert (REPO_ROOT / "flwr_pfl" / "py.typed").exists()
+    assert is_app_dir(REPO_ROOT) and not is_app_dir(REPO_ROOT / "flwr_pfl")
+
+
+def _executable(path: Path) -> Path:
+    path.write_text("#!/bin/sh\nexit 0\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_the_launcher_uses_the_flwr_beside_its_interpreter(tmp_path, monkeypatch):
+    """Beside sys.executable first, PATH second; and its directory leads the children's PATH."""
+    env_bin, other_bin = tmp_path / "venv" / "bin", tmp_path / "other"
+    env_bin.mkdir(parents=True)
+    other_bin.mkdir()
+    _executable(other_bin / "flwr")
+    monkeypatch.setenv("PATH", str(other_bin))
+    monkeypatch.setattr(sys, "executable", str(env_bin / "python"))
+    assert launch.flwr_executable() == other_bin / "flwr"
+    ours = _executable(env_bin / "flwr")
+    assert launch.flwr_executable() == ours
+    env = launch.flwr_env(tmp_path / "home", 40000, ours)
+    assert env["PATH"].split(os.pathsep)[:2] == [str(env_bin), str(other_bin)]
+    assert env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] == "1" and env["FLWR_HOME"] == str(tmp_path / "home")
+    monkeypatch.setenv("PATH", "")
+    (env_bin / "flwr").unlink()
+    with pytest.raises(FileNotFoundError, match="flwr"):
+        launch.flwr_executable()
+
+
+def test_the_launcher_sizes_the_federation():
+    assert launch.federation_size(4, None) == 4
+    assert launch.federation_size(4, 4) == 4
+    assert launch.federation_size(0, None) == SIMULATED_CLIENTS
+    assert launch.federation_size(0, 6) == 6
+    with pytest.raises(SystemExit, match="num-clients=4"):
+        launch.federation_size(4, 6)
+
+
+def test_the_launcher_keeps_run_state_out_of_the_installed_package(tmp_path):
+    assert launch.default_flwr_home(REPO_ROOT) == REPO_ROOT / ".flwr"
+    assert launch.default_flwr_home(tmp_path) == tmp_path / ".flwr"
+    assert launch.default_flwr_home(BUNDLED_APP) == Path.home() / ".cache" / "flwr_pfl" / "flwr-home"
+
+
+# ------------------------------------------------------------------------------- installed wheel
+def _console_scripts(dist: str, bin_dir: Path, python: Path) -> None:
+    """Write ``dist``'s console scripts into ``bin_dir`` for ``python``, as pip would install them."""
+    for entry in importlib.metadata.distribution(dist).entry_points:
+        if entry.group != "console_scripts":
+            continue
+        module, _, attr = entry.value.partition(":")
+        script = bin_dir / entry.name
+        script.write_text(
+            f"#!{python}\nimport sys\nfrom {module} import {attr.split('.')[0]} as _entry\n"
+            f"sys.exit(_entry{''.join('.' + a for a in attr.split('.')[1:])}())\n"
+        )
+        script.chmod(0o755)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """A fresh virtual environment with the wheel built from this checkout installed in it.
+
+    The heavy dependencies (torch, flwr, ray, ...) are this environment's, reused through a
+    ``.pth`` file that names its site-packages (a path line: the checkout's editable-install
+    hook there is not run), so nothing is downloaded; Flower's commands are written into the new
+    environment's bin from flwr's entry points, as pip writes them, so that they run its Python.
+    """
+    root = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO_ROOT), "--no-deps", "-q", "-w", str(root / "dist")],
+                   check=True, capture_output=True, text=True, timeout=300)
+    (wheel,) = (root / "dist").glob("flwr_pfl-*.whl")
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    purelib = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                                  check=True, capture_output=True, text=True).stdout.strip())
+    (purelib / "reused-dependencies.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", "-q", str(wheel)],
+                   check=True, capture_output=True, text=True, timeout=300)
+    _console_scripts("flwr", venv / "bin", python)
+    return venv
+
+
+def _installed_env() -> dict[str, str]:
+    """No checkout on the import path, no environment's bin on PATH."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = "/usr/bin:/bin"
+    return env
+
+
+@pytest.mark.slow
+def test_the_installed_package_is_complete(installed, tmp_path):
+    """It imports from the new environment, carries its app, presets and py.typed."""
+    code = ("import json, flwr_pfl, flwr_pfl.app.appdir as a, flwr_pfl.app.presets as p; "
+            "print(json.dumps([flwr_pfl.__file__, str(a.app_dir()), str(a.BUNDLED_APP), p.preset_names(), "
+            "a.default_run_config()['algorithm']]))")
+    out = subprocess.run([str(installed / "bin" / "python"), "-c", code], cwd=tmp_path, env=_installed_env(),
+                         check=True, capture_output=True, text=True)
+    module, app, bundled, presets, algorithm = json.loads(out.stdout)
+    assert Path(module).is_relative_to(installed) and not Path(module).is_relative_to(REPO_ROOT)
+    assert app == bundled and (Path(app) / "pyproject.toml").is_file()
+    assert "tiny" in presets and algorithm == "fedavg"
+    assert (Path(module).parent / "py.typed").is_file()
+
+
+@pytest.mark.slow
+def test_the_installed_compare_and_launcher_run_from_any_directory(installed, tmp_path, data_dir):
+    """``python -m flwr_pfl.app.compare`` (in-process) and ``python -m flwr_pfl.app.launch`` (the
+    real ``flwr run``) of the installed package, with a preset by name, from a directory that is
+    not the checkout and with no environment on PATH."""
+    python = str(installed / "bin" / "python")
+    data = f"data-dir='{data_dir}'"
+    compare = subprocess.run(
+        [python, "-m", "flwr_pfl.app.compare", "-c", "tiny", "-c", f"{data} num-server-rounds=1",
+         "--algorithms", "fedavg", "fedrep", "--out", "compare"],
+        cwd=tmp_path, env=_installed_env(), capture_output=True, text=True, timeout=600,
+    )
+    assert compare.returncode == 0, compare.stdout[-3000:] + compare.stderr[-3000:]
+    assert (tmp_path / "compare" / "comparison.md").exists()
+    assert (tmp_path / "compare" / "runs" / "fedrep-s0" / "model.pt").exists()
+
+    result = subprocess.run(
+        [python, "-m", "flwr_pfl.app.launch", "-c", "tiny", "-c", f"{data} output-dir='outputs' run-name='launched'",
+         "--flwr-home", str(tmp_path / "flwr-home"), "--port", "39491"],
+        cwd=tmp_path, env=_installed_env(), capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "run status: finished:completed" in result.stdout
+    command = next(line for line in result.stdout.splitlines() if line.startswith("$ "))
+    assert command.startswith(f"$ {installed / 'bin' / 'flwr'} run ") and str(installed) in command.split()[3]
+    out = tmp_path / "outputs" / "launched"  # output-dir relative to where the launcher ran
+    assert json.loads((out / "config.json").read_text())["num-clients"] == 3
+    assert (out / "model.pt").exists() and (out / "summary.txt").exists()
