@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_common import (
-    RoundClock, fmt, launch, machine, markdown_table, mean, peak_memory_mb, portable, report, reset_peak_memory, round_times,
+    RoundClock, floor_rounds, fmt, fresh_run, launch, machine, markdown_table, mean, peak_memory_mb, portable, report, round_times,
     run_child,
 )
 
@@ -71,33 +71,7 @@ def child_floor(config: dict[str, Any]) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from flwr_pfl.app.config import parse_experiment
-    from flwr_pfl.core.aggregation import weighted_average
-    from flwr_pfl.data.federated import load_client_data
-    from flwr_pfl.models import build_model
-    from flwr_pfl.training import evaluate, get_arrays, resolve_device, seed_everything, set_arrays, train
-
-    experiment = parse_experiment(config)
-    k, device = experiment.run.num_clients, resolve_device("cpu")
-    clients = [load_client_data(experiment.data, pid, k) for pid in range(k)]
-    seed_everything(experiment.run.seed)
-    model = build_model(experiment.run.model, clients[0].input_shape, clients[0].num_outputs)
-    reset_peak_memory()
-    global_arrays = get_arrays(model)
-    ends = [(time.perf_counter(), time.process_time())]
-    for _ in range(experiment.run.num_server_rounds):
-        updates, sizes = [], []
-        for data in clients:
-            set_arrays(model, global_arrays)
-            train(model, data.train.loader(experiment.run.batch_size, shuffle=True),
-                  optimizer=experiment.run.optimizer_config(), device=device, epochs=experiment.run.local_epochs)
-            updates.append(get_arrays(model))
-            sizes.append(len(data.train))
-        global_arrays = weighted_average(updates, sizes)
-        set_arrays(model, global_arrays)
-        for data in clients:
-            evaluate(model, data.test, device=device)
-        ends.append((time.perf_counter(), time.process_time()))
+    ends = floor_rounds(config, "cpu")
     rounds = list(zip(ends, ends[1:]))[1:]  # rounds 2..R, as for the engines
     report({"round_seconds": mean([b[0] - a[0] for a, b in rounds]),
             "round_cpu_seconds": mean([b[1] - a[1] for a, b in rounds]), "peak_memory_mb": peak_memory_mb()})
@@ -133,7 +107,7 @@ def child_breakdown(config: dict[str, Any]) -> None:
 
     # a first round builds every client's data; the clocks start on the second run's rounds
     k = config["num-clients"]
-    inprocess.run_inprocess(server_app, app_module.app, k, config | {"num-server-rounds": 1, "run-name": "warm-up"})
+    inprocess.run_inprocess(server_app, app_module.app, k, fresh_run(config | {"num-server-rounds": 1, "run-name": "warm-up"}))
     clock(inprocess.InProcessGrid, "_push", "client: all")
     clock(app_module, "build_client", "client: build (config, data, model from the cache)")
     clock(client_base, "train", "client: training (floor work)")
@@ -168,7 +142,7 @@ def child_breakdown(config: dict[str, Any]) -> None:
 # ------------------------------------------------------------------------------ parent
 def measure(args: argparse.Namespace, engine: str, clients: int, repeat: int) -> dict[str, Any]:
     name = f"{engine}-{clients}-{repeat}"
-    config = workload(clients, args.rounds, args.data_dir, args.out / "runs", name)
+    config = fresh_run(workload(clients, args.rounds, args.data_dir, args.out / "runs", name))
     if engine in ("floor", "inprocess", "breakdown"):
         return run_child([str(Path(__file__).resolve()), "--child", engine, "--config", json.dumps(config)], args.timeout)
     workers = int(engine.split("-w")[1]) if "-w" in engine else 0

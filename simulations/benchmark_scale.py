@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_common import (
-    RoundClock, fmt, launch, loglog_slope, machine, markdown_table, mean, peak_memory_mb, portable, report, round_times,
+    RoundClock, fmt, fresh_run, launch, loglog_slope, machine, markdown_table, mean, peak_memory_mb, portable, report, round_times,
     run_child,
 )
 
@@ -81,7 +81,7 @@ def child_inprocess(config: dict[str, Any]) -> None:
 
 def measure(args: argparse.Namespace, engine: str, algorithm: str, clients: int) -> dict[str, Any]:
     name = f"{engine}-{algorithm}-{clients}"
-    config = workload(algorithm, clients, args.data_dir, args.out / "runs" / "scale", name, args.device)
+    config = fresh_run(workload(algorithm, clients, args.data_dir, args.out / "runs" / "scale", name, args.device))
     if engine == "inprocess":
         result = run_child([str(Path(__file__).resolve()), "--child", "--config", json.dumps(config)], args.timeout)
     else:

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_common import REPO_ROOT, fmt, launch, machine, markdown_table, portable, run_timed
+from bench_common import REPO_ROOT, fmt, fresh_run, launch, machine, markdown_table, portable, run_timed
 
 PHASES = ("start-up", "rounds", "teardown", "total")
 #: points of the start-up, in order: (mark, what happened by then)
@@ -96,11 +96,11 @@ def main(argv: list[str] | None = None) -> None:
     runs_dir = args.out / "runs" / "startup"
     runs: dict[str, list[dict[str, Any]]] = {"inprocess": [], "flwr": []}
     for repeat in range(args.repeats):
-        config = default_config(runs_dir, f"inprocess-{repeat}")
+        config = fresh_run(default_config(runs_dir, f"inprocess-{repeat}"))
         command = [sys.executable, "-u", str(Path(__file__).resolve()), "--child", "--config", json.dumps(config)]
         result = run_timed(command, f"inprocess-{repeat}", args.timeout)
         runs["inprocess"].append(result | {"phases": phases(result)})
-        config = default_config(runs_dir, f"flwr-{repeat}")
+        config = fresh_run(default_config(runs_dir, f"flwr-{repeat}"))
         result = launch({k: config[k] for k in ("output-dir", "run-name")}, args.out / "runs" / "flwr-home-startup", args.port, args.timeout)
         runs["flwr"].append(result | {"phases": phases(result)})
         for engine in runs:
