@@ -25,7 +25,8 @@ and resumed. Reported per configuration:
   all the run's processes (SuperLink, simulation process with the ServerApp, Ray and its actors)
   and the simulation process's own peak.
 
-The markdown table also gives, per algorithm and engine, the exponent b of a least-squares fit
+Each round and peak memory is also given as a ratio to FedAvg's at the same K and engine (in-process
+rounds in CPU seconds). The markdown table also gives, per algorithm and engine, the exponent b of a least-squares fit
 of log(time) = a + b log(K) over the measured K >= 100.
 
     python simulations/benchmark_scale.py --clients 10 100 1000 5000 \\
@@ -103,21 +104,40 @@ def load_results(folder: Path) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
 
 
+def steady_round(result: dict[str, Any]) -> float:
+    """A configuration's round for comparisons: CPU seconds where measured (in-process; steadier
+    on a shared machine), else wall seconds."""
+    return result.get("round_cpu_seconds", result.get("round_seconds", float("nan")))
+
+
+def versus(result: dict[str, Any], base: dict[str, Any] | None, key: Any) -> str:
+    """``result``'s figure as a ratio to FedAvg's at the same K and engine ("" without one)."""
+    if base is None or result["status"] != "ok" or base["status"] != "ok":
+        return ""
+    return fmt(key(result) / key(base), 2)
+
+
 def table(results: list[dict[str, Any]]) -> str:
     rows = []
     order = {"fedavg": 0, "pfedfda": 1, "fedora": 2, "fedrep": 3}
+    fedavg = {(r["engine"], r["clients"]): r for r in results if r["algorithm"] == "fedavg"}
     for r in sorted(results, key=lambda r: (order.get(r["algorithm"], 9), r["algorithm"], r["engine"], r["clients"])):
         ok = r["status"] == "ok"
+        base = fedavg.get((r["engine"], r["clients"]))
         rows.append([
             r["algorithm"], r["engine"], r["clients"], max(1, r["clients"] // 10),
             fmt(r.get("round_seconds")) if ok else r["status"], fmt(r.get("round_cpu_seconds")) if ok else "",
+            versus(r, base, steady_round),
             fmt(r.get("first_round_seconds")) if ok else "",
             fmt(r.get("wall_seconds")), fmt(r.get("server_seconds")) if ok else "",
-            fmt(r.get("peak_memory_mb")) if ok else "", fmt(r.get("server_peak_mb")) if ok else "",
+            fmt(r.get("peak_memory_mb")) if ok else "", versus(r, base, lambda x: x["peak_memory_mb"]),
+            fmt(r.get("server_peak_mb")) if ok else "",
         ])
     text = markdown_table(
-        ["algorithm", "engine", "K", "sampled", "round (s)", "round CPU (s)", "first round (s)", "total (s)", "server (s)",
-         "peak memory (MiB)", "ServerApp process peak (MiB)"], rows)
+        ["algorithm", "engine", "K", "sampled", "round (s)", "round CPU (s)", "round vs FedAvg", "first round (s)",
+         "total (s)", "server (s)", "peak memory (MiB)", "peak memory vs FedAvg", "ServerApp process peak (MiB)"], rows)
+    text += ("\n\n\"vs FedAvg\": against FedAvg at the same K and engine, each measured in a fresh process "
+             "(round: CPU seconds in-process, wall seconds under `flwr run`).")
     slopes = []
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in results:
