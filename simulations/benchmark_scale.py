@@ -186,7 +186,8 @@ def main(argv: list[str] | None = None) -> None:
                     path = folder / f"{engine}-{algorithm}-{clients}.json"
                     if path.exists() and not args.force:
                         continue
-                    result = measure(args, engine, algorithm, clients) | {"machine": machine()}
+                    where = machine()  # before the run, so that its load average is the one the run started under
+                    result = measure(args, engine, algorithm, clients) | {"machine": where}
                     path.write_text(json.dumps(portable(result), indent=1))
                     print(f"{engine} {algorithm} K={clients}: {result['status']} round {fmt(result.get('round_seconds'))} s, "
                           f"total {fmt(result.get('wall_seconds'))} s", flush=True)
