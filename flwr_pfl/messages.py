@@ -6,7 +6,8 @@ The records follow Flower's own Message-API apps (``flwr new``):
 
 * ``train`` and ``evaluate`` requests: ``{"arrays": ArrayRecord, "config": ConfigRecord}``;
 * ``train`` replies: ``{"arrays": ArrayRecord, "metrics": MetricRecord}``; ``evaluate`` replies:
-  ``{"metrics": MetricRecord}``, with ``num-examples`` (and ``loss``) in the MetricRecord;
+  ``{"metrics": MetricRecord}``; ``num-examples`` is in the MetricRecord, and in an evaluate
+  reply also ``loss``;
 * ``query`` requests: ``{"config": ConfigRecord}``; replies: ``{"properties": ConfigRecord}``.
 
 A client's metrics that are not numbers (a reason string, a flag) travel in a ConfigRecord
@@ -75,14 +76,21 @@ def read_request(content: RecordDict) -> tuple[list[np.ndarray], dict[str, Scala
 
 
 def metrics_content(num_examples: int, metrics: Mapping[str, Scalar], loss: float | None = None) -> RecordDict:
-    """``{"metrics": MetricRecord}`` (numbers, with ``num-examples`` and ``loss`` when given) and,
-    where some metrics are not numbers, ``{"info": ConfigRecord}``."""
+    """``{"metrics": MetricRecord}``: the numeric metrics, ``num-examples`` and, for an evaluate
+    reply, ``loss``; where some metrics are not numbers, also ``{"info": ConfigRecord}``.
+
+    Raises:
+        MessageContentError: a metric named ``num-examples``, or one named ``loss`` that differs
+            from ``loss`` (the reply would say two things).
+    """
     numbers, other = _split_scalars(metrics)
-    if NUM_EXAMPLES in numbers or (loss is not None and LOSS in numbers):
-        raise MessageContentError(f"a client metric may not be named {NUM_EXAMPLES!r} or {LOSS!r}: they are the reply's own")
-    numbers[NUM_EXAMPLES] = int(num_examples)
+    if NUM_EXAMPLES in numbers or NUM_EXAMPLES in other:
+        raise MessageContentError(f"a client metric may not be named {NUM_EXAMPLES!r}: it is the reply's own")
     if loss is not None:
+        if LOSS in other or (LOSS in numbers and numbers[LOSS] != loss):
+            raise MessageContentError(f"the client's metric {LOSS!r} ({metrics[LOSS]!r}) differs from the loss it returned ({loss!r})")
         numbers[LOSS] = float(loss)
+    numbers[NUM_EXAMPLES] = int(num_examples)
     content = RecordDict({METRICS: MetricRecord(numbers)})
     if other:
         content[INFO] = ConfigRecord(other)
@@ -96,8 +104,8 @@ def train_reply_content(arrays: Sequence[np.ndarray], num_examples: int, metrics
     return content
 
 
-def read_metrics(content: RecordDict) -> tuple[int, float | None, dict[str, Scalar]]:
-    """``(num_examples, loss or None, the other metrics)`` of a reply.
+def read_metrics(content: RecordDict) -> tuple[int, dict[str, Scalar]]:
+    """``(num_examples, the other metrics)`` of a reply (those of its ``"info"`` record too).
 
     Raises:
         MessageContentError: no MetricRecord, or no valid ``num-examples`` in it.
@@ -106,19 +114,30 @@ def read_metrics(content: RecordDict) -> tuple[int, float | None, dict[str, Scal
         raise MessageContentError(f"the reply has no MetricRecord {METRICS!r} (records: {sorted(content.keys())})")
     metrics: dict[str, Any] = dict(content.metric_records[METRICS])
     num_examples = metrics.pop(NUM_EXAMPLES, None)
-    if not isinstance(num_examples, int) or num_examples < 0:
+    if not isinstance(num_examples, int) or isinstance(num_examples, bool) or num_examples < 0:
         raise MessageContentError(f"the reply's {NUM_EXAMPLES!r} is {num_examples!r}, not a non-negative integer")
-    loss = metrics.pop(LOSS, None)
     if INFO in content.config_records:
         metrics |= dict(content.config_records[INFO])
-    return num_examples, (None if loss is None else float(loss)), metrics
+    return num_examples, metrics
+
+
+def read_evaluate_reply(content: RecordDict) -> tuple[float, int, dict[str, Scalar]]:
+    """``(loss, num_examples, metrics)`` of an ``evaluate`` reply (``loss`` stays among the
+    metrics too: flwr_pfl's clients report it there as well).
+
+    Raises:
+        MessageContentError: as :func:`read_metrics`, or no numeric ``loss``.
+    """
+    num_examples, metrics = read_metrics(content)
+    loss = metrics.get(LOSS)
+    if not isinstance(loss, float):
+        raise MessageContentError(f"the evaluate reply's {LOSS!r} is {loss!r}, not a number")
+    return loss, num_examples, metrics
 
 
 def read_train_reply(content: RecordDict) -> tuple[list[np.ndarray], int, dict[str, Scalar]]:
     """``(arrays, num_examples, metrics)`` of a ``train`` reply (no ArrayRecord: no arrays)."""
-    num_examples, loss, metrics = read_metrics(content)
-    if loss is not None:
-        metrics[LOSS] = loss
+    num_examples, metrics = read_metrics(content)
     arrays = unpack_arrays(content.array_records[ARRAYS]) if ARRAYS in content.array_records else []
     return arrays, num_examples, metrics
 

@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader
 
 from flwr_pfl.data.types import ClientData, Task, no_training_samples
 from flwr_pfl.errors import ConfigError
-from flwr_pfl.models.split import HeadRequirement, HeadSpec, check_head, client_model
+from flwr_pfl.models.split import HeadRequirement, HeadSpec, check_head, client_model, user_keys
 from flwr_pfl.training import (
     BatchKeys,
     EvalResult,
@@ -258,6 +258,12 @@ class PFLClient(NumPyClient):
         order: the model's ``state_dict`` keys of ``shared_group``. An array that is not a model
         tensor is named ``<algorithm>:<what>`` (:data:`EXTRA_SEPARATOR`)."""
         return [] if self.shared_group is None else group_keys(self.model, self.shared_group)
+
+    def user_wire_names(self) -> list[str]:
+        """:meth:`wire_names` as the user's own model names its tensors (a model given with
+        ``head=`` is wrapped, and its keys gain a ``module.`` prefix inside the client): the names
+        the Message-API flavour puts on the arrays it sends (:mod:`flwr_pfl.clientapp`)."""
+        return user_keys(self.model, self.wire_names())
 
     def wire_layout(self) -> list[tuple[str, list[int]]]:
         """``(name, shape)`` of every array :meth:`get_parameters` returns: how the server names

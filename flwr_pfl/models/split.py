@@ -312,6 +312,12 @@ class HeadSplit(nn.Module):
             state[f"{self.head_name}.{key}"] = value
         return state
 
+    @staticmethod
+    def user_key(key: str) -> str:
+        """``key`` as the user's model names it (``module.fc3.weight`` -> ``fc3.weight``); the
+        extra heads' keys (``extra_heads.<i>.*``) have no name in the user's model and stay."""
+        return key[len(_MODULE):] if key.startswith(_MODULE) else key
+
     # ---------------------------------------------------------------- checks
     def _head_module(self, purpose: str) -> nn.Module:
         if self.head_name is None:
@@ -382,6 +388,12 @@ class HeadSplit(nn.Module):
                 "takes flat features (e.g. the final nn.Linear), or give split_model(..., feature_dim=...)"
             )
         return z
+
+
+def user_keys(model: nn.Module, keys: Sequence[str]) -> list[str]:
+    """``keys`` (``model.state_dict`` keys) as the user's own model names them: the same keys
+    unless ``model`` wraps the user's model in a :class:`HeadSplit`."""
+    return [HeadSplit.user_key(k) for k in keys] if isinstance(model, HeadSplit) else list(keys)
 
 
 def is_split(model: nn.Module) -> bool:

@@ -1,0 +1,1 @@
+"""Flower's Message-API quickstart-pytorch switched to flwr_pfl algorithms."""

@@ -1,0 +1,102 @@
+"""flwr_pfl's clients as Flower Message-API handlers (``@app.train()``, ``@app.evaluate()``,
+``@app.query()``), for apps of the shape ``flwr new`` generates.
+
+The handlers only translate messages: each message builds the algorithm's client for the node
+(``build(context)``, the same client class the NumPyClient flavour uses, e.g.
+:class:`flwr_pfl.clients.FedRep`) and calls its ``fit`` / ``evaluate`` / ``get_properties``. The
+client keeps its personal part in ``context.state``, as it does in the NumPyClient flavour, so
+what a client trains, keeps and replies is one copy of code in both flavours.
+
+Example (the user's own model and data)::
+
+    from flwr.clientapp import ClientApp
+    from flwr_pfl.clientapp import register_handlers
+    from flwr_pfl.clients import FedRepClient
+
+    app = ClientApp()
+    register_handlers(app, lambda context: FedRepClient(context, Net(), load_data(context), head="fc3"))
+
+Requests and replies are packed and read by :mod:`flwr_pfl.messages`: a ``train`` reply holds
+the arrays (named as the user's model names them, where the client knows them) and a
+MetricRecord with ``num-examples``; an ``evaluate`` reply a MetricRecord with ``loss`` and
+``num-examples``; a ``query`` reply the client's properties. An exception in the client becomes
+Flower's error reply, which the server counts as a failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+from flwr.common import NDArrays, Scalar
+
+from flwr_pfl import messages
+
+Config = dict[str, Scalar]
+
+
+class MessageClient(Protocol):
+    """What the handlers call: a NumPyClient's three methods (every flwr_pfl client has them)."""
+
+    def fit(self, parameters: NDArrays, config: Config) -> tuple[NDArrays, int, Config]: ...
+
+    def evaluate(self, parameters: NDArrays, config: Config) -> tuple[float, int, Config]: ...
+
+    def get_properties(self, config: Config) -> Config: ...
+
+
+BuildClient = Callable[[Context], MessageClient]
+
+
+def train_reply(client: MessageClient, message: Message) -> Message:
+    """The reply to a ``train`` message: ``client.fit`` on the message's arrays and config."""
+    arrays, config = messages.read_request(message.content)
+    new_arrays, num_examples, metrics = client.fit(arrays, config)
+    user_wire_names = getattr(client, "user_wire_names", None)  # a flwr_pfl client names its arrays
+    names = user_wire_names() if callable(user_wire_names) else None
+    return Message(messages.train_reply_content(new_arrays, num_examples, metrics, names), reply_to=message)
+
+
+def evaluate_reply(client: MessageClient, message: Message) -> Message:
+    """The reply to an ``evaluate`` message: ``client.evaluate`` on its arrays and config."""
+    arrays, config = messages.read_request(message.content)
+    loss, num_examples, metrics = client.evaluate(arrays, config)
+    return Message(messages.metrics_content(num_examples, metrics, loss=loss), reply_to=message)
+
+
+def query_reply(client: MessageClient, message: Message) -> Message:
+    """The reply to a ``query`` message: ``client.get_properties`` on its config."""
+    _, config = messages.read_request(message.content)
+    return Message(messages.properties_content(client.get_properties(config)), reply_to=message)
+
+
+def register_handlers(app: ClientApp, build: BuildClient) -> ClientApp:
+    """Register the ``train``, ``evaluate`` and ``query`` handlers of ``build``'s client on
+    ``app`` (a ``ClientApp`` created without ``client_fn``) and return ``app``.
+
+    Args:
+        app: the user's ClientApp.
+        build: makes the node's client for one message from the node's Context (it is called
+            once per message; the client reads its personal part from ``context.state``).
+    """
+
+    @app.train()
+    def train(message: Message, context: Context) -> Message:
+        return train_reply(build(context), message)
+
+    @app.evaluate()
+    def evaluate(message: Message, context: Context) -> Message:
+        return evaluate_reply(build(context), message)
+
+    @app.query()
+    def query(message: Message, context: Context) -> Message:
+        return query_reply(build(context), message)
+
+    return app
+
+
+def message_client_app(build: BuildClient) -> ClientApp:
+    """A new ClientApp with :func:`register_handlers` for ``build``."""
+    return register_handlers(ClientApp(), build)
