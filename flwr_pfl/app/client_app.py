@@ -9,6 +9,7 @@ message computes exactly what it would with everything built anew.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 from flwr.app import Context
 from flwr.client import Client, ClientApp
@@ -16,7 +17,10 @@ from flwr.client import Client, ClientApp
 from flwr_pfl.app.client_cache import ClientCache
 from flwr_pfl.app.config import Experiment
 from flwr_pfl.app.node_client import NodeClient
-from flwr_pfl.clients.base import LocalData, PFLClient
+from flwr_pfl.app.node_settings import NodeSettings, node_label
+from flwr_pfl.app.nodes import DESCRIBE_DATA, NODE_ERROR, data_answer
+from flwr_pfl.clients.base import NUM_PARTITIONS, Config, LocalData, PFLClient
+from flwr_pfl.data.node_files import class_names, load_node_data
 from flwr_pfl.data.types import ClientData
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.models import EncoderHeadModel, build_model
@@ -29,21 +33,50 @@ CACHE = ClientCache()
 def node_partition(context: Context, experiment: Experiment) -> tuple[int, int]:
     """(partition id, number of partitions) from the node's config, checked against num-clients
     (0: the federation's size, whatever the node config says)."""
-    try:
-        partition_id = int(context.node_config["partition-id"])
-        num_partitions = int(context.node_config["num-partitions"])
-    except KeyError as err:
+    settings = NodeSettings.parse(context.node_config, context.node_id)
+    check_federation_size(settings, experiment)
+    return settings.partition_id, settings.num_partitions
+
+
+def check_federation_size(settings: NodeSettings, experiment: Experiment) -> None:
+    """ConfigError unless the node's num-partitions equals a set num-clients."""
+    if experiment.run.num_clients and settings.num_partitions != experiment.run.num_clients:
         raise ConfigError(
-            f"node config lacks {err.args[0]!r}; start SuperNodes with "
-            "--node-config \"partition-id=<i> num-partitions=<n>\""
-        ) from None
-    if experiment.run.num_clients and num_partitions != experiment.run.num_clients:
-        raise ConfigError(
-            f"the federation has num-partitions={num_partitions} but num-clients="
+            f"the federation has num-partitions={settings.num_partitions} but num-clients="
             f"{experiment.run.num_clients}; make them equal (simulation: num-supernodes), or set "
             "num-clients=0 to use the federation's size"
         )
-    return partition_id, num_partitions
+
+
+def node_data(context: Context, settings: NodeSettings) -> ClientData:
+    """The node's data (cached per run): its own files when its node config names them
+    (:mod:`flwr_pfl.data.node_files`), else its slice of the run's dataset."""
+    from flwr_pfl.data.federated import load_client_data  # the data pipeline, on first use
+
+    run = CACHE.run(context.run_id, context.run_config)
+    config = run.experiment.data
+    pid, num = settings.partition_id, settings.num_partitions
+    if settings.data is None:
+        return run.client_data(pid, num, lambda: load_client_data(config, pid, num))
+    spec, who = settings.data, node_label(context.node_id, context.node_config)
+    return run.client_data(pid, num, lambda: load_node_data(
+        spec, val_fraction=config.val_fraction, test_fraction=config.test_fraction, seed=config.seed, who=who), spec)
+
+
+def node_answer(context: Context, config: Config) -> Config:
+    """This node's answer to the server's federation query (:func:`flwr_pfl.app.nodes.survey_nodes`):
+    its partition, the federation's size and, when it trains on its own data or the server asks
+    (``describe-data``), what its data looks like. A wrong node setting or unreadable data is
+    answered as ``node_error``, so that the server stops the run naming this node."""
+    try:
+        settings = NodeSettings.parse(context.node_config, context.node_id)
+        answer: Config = {"partition_id": settings.partition_id, NUM_PARTITIONS: settings.num_partitions}
+        if settings.data is not None or config.get(DESCRIBE_DATA):
+            classes = class_names(settings.data) if settings.data is not None else ()
+            answer |= data_answer(node_data(context, settings), classes, own=settings.data is not None)
+        return answer
+    except ConfigError as err:
+        return {NODE_ERROR: str(err)}
 
 
 def new_model(experiment: Experiment, data: ClientData) -> EncoderHeadModel:
@@ -64,30 +97,32 @@ def new_model(experiment: Experiment, data: ClientData) -> EncoderHeadModel:
 
 
 def build_client(context: Context) -> PFLClient:
-    """The configured algorithm's NumPyClient for this node, with its data and an initial model.
+    """The configured algorithm's NumPyClient for this node, with its data and an initial model;
+    it trains on the node's ``device`` when its node config sets one.
 
     Inside a message of :data:`app` the model is leased from this process's pool (and returned
     when the message ends); called directly, the client gets a model of its own.
     """
-    from flwr_pfl.data.federated import load_client_data  # the data pipeline, on first use
-
     run = CACHE.run(context.run_id, context.run_config)
     experiment = run.experiment
     set_num_threads(experiment.run.num_threads)
-    partition_id, num_partitions = node_partition(context, experiment)
-    data = run.client_data(partition_id, num_partitions,
-                           lambda: load_client_data(experiment.data, partition_id, num_partitions))
+    settings = NodeSettings.parse(context.node_config, context.node_id)
+    check_federation_size(settings, experiment)
+    data = node_data(context, settings)
+    train_config = experiment.train_config
+    if settings.device is not None:
+        train_config = replace(train_config, device=settings.device)
     spec = experiment.algorithm
     key = (data.input_shape, data.num_outputs, spec.num_heads(experiment.options, data.num_domains))
     model = CACHE.model(run, key, lambda: new_model(experiment, data))
     # The client's constructor runs under the run's seed too, as it always has.
     with seeded(experiment.run.seed):
         local = LocalData.from_client_data(data, experiment.run.batch_size)
-        return spec.client(context, model, local, experiment.train_config, **spec.client_kwargs(experiment.options))
+        return spec.client(context, model, local, train_config, **spec.client_kwargs(experiment.options))
 
 
 def client_fn(context: Context) -> Client:
-    return NodeClient(context, build_client).to_client()
+    return NodeClient(context, build_client, node_answer).to_client()
 
 
 app = ClientApp(client_fn=client_fn)

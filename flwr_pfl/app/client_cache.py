@@ -121,7 +121,7 @@ class RunCache:
         self.run_id = run_id
         self.run_config = dict(run_config)
         self.experiment: Experiment = parse_experiment(self.run_config)
-        self._data: OrderedDict[tuple[int, int], tuple[ClientData, int]] = OrderedDict()
+        self._data: OrderedDict[tuple[int, int, Hashable], tuple[ClientData, int]] = OrderedDict()
         self._data_bytes = 0
         self._pools: dict[Hashable, ModelPool] = {}
         self._lock = threading.Lock()
@@ -129,9 +129,11 @@ class RunCache:
     def serves(self, run_id: int, run_config: Mapping[str, Any]) -> bool:
         return run_id == self.run_id and run_config == self.run_config
 
-    def client_data(self, partition_id: int, num_partitions: int, load: Callable[[], ClientData]) -> ClientData:
-        """The partition's data, loaded on first use."""
-        key = (partition_id, num_partitions)
+    def client_data(self, partition_id: int, num_partitions: int, load: Callable[[], ClientData],
+                    source: Hashable = None) -> ClientData:
+        """The partition's data, loaded on first use; ``source`` tells apart data of one partition
+        from different places (a node's own files; None: the run's dataset)."""
+        key = (partition_id, num_partitions, source)
         with self._lock:
             if key in self._data:
                 self._data.move_to_end(key)

@@ -16,11 +16,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from flwr_pfl.app.keys import flat_dict, keys_of, parse_options, parse_section, with_suggestions
+from flwr_pfl.app.keys import check_choice, flat_dict, keys_of, parse_options, parse_section, with_suggestions
 from flwr_pfl.app.registry import ALGORITHMS, get_algorithm
 from flwr_pfl.clients.base import TrainConfig
 from flwr_pfl.data.config import DataConfig
 from flwr_pfl.errors import ConfigError
+from flwr_pfl.strategies.base import AGGREGATES
 from flwr_pfl.models import MODEL_NAMES
 from flwr_pfl.training.optim import OptimizerConfig
 
@@ -77,6 +78,14 @@ class RunConfig:
             grow) and ``checkpoint_interval``.
         checkpoint_interval: write ``checkpoint.npz`` after every this many rounds, and always
             after the last one.
+        clip_update_norm: > 0 scales each client's update (its reply minus the global arrays
+            it was sent) to at most this L2 norm before aggregation; 0 = off.
+        max_examples: > 0 rejects a fit reply that claims more examples than this; 0 = off.
+        aggregate: ``mean`` (example-weighted, the papers') or ``trimmed-mean`` (coordinate-wise,
+            unweighted, without the ``trim_fraction`` largest and smallest values).
+        trim_fraction: share trimmed at each end by ``trimmed-mean``, in [0, 0.5).
+        The last four bound what one bad client can do (:class:`~flwr_pfl.strategies.base.PFLStrategy`);
+        clipping and trimmed-mean apply to FedAvg, finetune, FedRep and FedPer only.
     """
 
     algorithm: str = "fedavg"
@@ -106,6 +115,10 @@ class RunConfig:
     server_workers: int = 0
     resume: bool = False
     checkpoint_interval: int = 1
+    clip_update_norm: float = 0.0
+    max_examples: int = 0
+    aggregate: str = "mean"
+    trim_fraction: float = 0.1
 
     def __post_init__(self) -> None:
         get_algorithm(self.algorithm)
@@ -147,6 +160,23 @@ class RunConfig:
         if self.resume and not self.run_name:
             raise ConfigError("resume=true needs run-name: the name of the run to continue under output-dir")
         self.optimizer_config()  # validates the optimizer and scheduler keys
+        if self.clip_update_norm < 0:
+            raise ConfigError(f"clip-update-norm={self.clip_update_norm} must be > 0, or 0 (off)")
+        if self.max_examples < 0:
+            raise ConfigError(f"max-examples={self.max_examples} must be >= 1, or 0 (off)")
+        check_choice("aggregate", self.aggregate, AGGREGATES)
+        if not 0 <= self.trim_fraction < 0.5:
+            raise ConfigError(f"trim-fraction={self.trim_fraction} is out of range; must be in [0, 0.5)")
+
+    @property
+    def reply_bounds(self) -> dict[str, Any]:
+        """The strategy's arguments for the reply bounds (None where off)."""
+        return {
+            "clip_update_norm": self.clip_update_norm or None,
+            "max_examples": self.max_examples or None,
+            "aggregate": self.aggregate,
+            "trim_fraction": self.trim_fraction,
+        }
 
     @property
     def min_available_clients(self) -> int:

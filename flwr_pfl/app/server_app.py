@@ -43,6 +43,7 @@ def build_strategy(experiment: Experiment, writer: ResultsWriter | None = None, 
         round_timeout=run.round_timeout_seconds,
         seed=run.seed,
         num_rounds=run.num_server_rounds,
+        **run.reply_bounds,
         **spec.strategy_kwargs(experiment.options),
     )
     strategy.max_workers = workers or server_workers(experiment)
@@ -67,7 +68,7 @@ def server_workers(experiment: Experiment, grid: Grid | None = None) -> int:
     if experiment.run.server_workers:
         return experiment.run.server_workers
     limit = getattr(grid, "max_concurrent_clients", None) or DEFAULT_SERVER_WORKERS
-    return min(experiment.run.num_clients, limit)
+    return min(experiment.run.num_clients or limit, limit)  # num-clients = 0: not known yet
 
 
 def load_checkpoint(strategy: PFLStrategy, path: Path) -> int:
@@ -153,8 +154,10 @@ def run_directory(experiment: Experiment) -> Path:
 def run_server(grid: Grid, context: Context) -> ResultsWriter:
     """Run one experiment on ``grid`` and return its results writer."""
     experiment = parse_experiment(context.run_config)  # stops here on a bad key or value
-    # num-clients = 0 is the federation's size; a set value must equal it
-    num_clients = resolve_num_clients(grid, experiment.run.num_clients, experiment.run.wait_timeout)
+    # num-clients = 0 is the federation's size; a set value must equal it. Every node connected by
+    # then (at least min-clients of them) is asked: a wrong node setting stops the run here.
+    num_clients = resolve_num_clients(grid, experiment.run.num_clients, experiment.run.wait_timeout,
+                                      wanted=experiment.run.min_clients, workers=server_workers(experiment, grid))
     experiment = experiment.with_num_clients(num_clients)
     seed_everything(experiment.run.seed)
     # The server's own tensor work (FEDORA's propagation GEMM, FedDAR-SA's solves) uses the

@@ -29,6 +29,7 @@ from flwr.common import log
 from torch import nn
 from torch.utils.data import Subset
 
+from flwr_pfl.app.node_settings import ROLE, role_setting
 from flwr_pfl.clients.base import Config, LocalData, NDArrays, PFLClient, TrainConfig, seeded_message
 from flwr_pfl.core.fedgp import (
     FDAConfig,
@@ -46,7 +47,7 @@ from flwr_pfl.errors import ConfigError
 from flwr_pfl.models.split import HeadSpec
 from flwr_pfl.training import get_arrays, loader_like, num_samples
 
-ROLE_KEY = "fedgp-role"
+ROLE_KEY = ROLE
 
 
 def buffer_flags(model: torch.nn.Module) -> list[bool]:
@@ -102,10 +103,8 @@ class FedGPClient(PFLClient):
             self.data = self._target_data(data, target_train_samples, target_train_fraction, target_batch_size)
 
     def _role(self, context: Context, target_partition: int) -> bool:
-        role = context.node_config.get(ROLE_KEY)
+        role = role_setting(context.node_config, self.who)
         if role is not None:
-            if role not in ("target", "source"):
-                raise ConfigError(f"node config {ROLE_KEY}={role!r} is unknown; allowed: 'target', 'source'")
             return role == "target"
         num = int(context.node_config.get("num-partitions", 0))
         if target_partition < -1:

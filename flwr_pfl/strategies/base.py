@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
+from dataclasses import replace
 from collections.abc import Callable, Iterable, Mapping
 from logging import INFO, WARNING
 from typing import Any, ClassVar
@@ -35,6 +36,7 @@ from flwr.server.strategy import FedAvg
 
 from flwr_pfl.core.aggregation import weighted_average
 from flwr_pfl.core.metrics import aggregate_client_metrics
+from flwr_pfl.core.robust import clip_update, trimmed_mean, update_norm
 from flwr_pfl.errors import ConfigError, ReplyError
 from flwr_pfl.strategies import hooks
 from flwr_pfl.strategies.decode import decode_arrays
@@ -49,6 +51,8 @@ MetricsFn = Callable[[list[tuple[int, dict[str, Scalar]]]], dict[str, Scalar]]
 EvaluateFn = Callable[[int, NDArrays, dict[str, Scalar]], "tuple[float, dict[str, Scalar]] | None"]
 #: the phase of the results rows that record ``evaluate_fn``'s answers
 SERVER_EVALUATE = "server-evaluate"
+#: values of ``aggregate``
+AGGREGATES = ("mean", "trimmed-mean")
 
 
 class PFLStrategy(FedAvg):
@@ -110,6 +114,24 @@ class PFLStrategy(FedAvg):
             replies in hand, and every aggregation logs and records who took part and who
             was dropped (``participants``, ``participant_ids``, ``num_dropped``,
             ``dropped_ids``).
+        clip_update_norm: bound one client's pull on the model (None: off, the paper's
+            behaviour): each fit reply's update, its arrays minus the global arrays it was sent,
+            is scaled to at most this L2 norm over all its floating-point arrays before
+            aggregation (:func:`~flwr_pfl.core.robust.clip_update`).
+        max_examples: a fit reply claiming more than this many examples is rejected (a
+            ``ReplyError``: counted in ``num_rejected``, the round goes on without it), so that
+            no client buys weight by its count (None: off). Rejecting rather than capping: a
+            count the client made up says nothing true of its update either.
+        aggregate: ``"mean"`` (the example-weighted mean) or ``"trimmed-mean"``: per coordinate,
+            the unweighted mean without the ``floor(trim_fraction * K)`` largest and smallest of
+            the K replies' values (:func:`~flwr_pfl.core.robust.trimmed_mean`).
+        trim_fraction: the share trimmed at each end by ``"trimmed-mean"``, in [0, 0.5).
+
+    ``clip_update_norm`` and ``"trimmed-mean"`` apply to algorithms whose replies are the global
+    arrays trained further and whose aggregation is this class's weighted mean (FedAvg, Local,
+    finetune, FedRep, FedPer: the arrays on the wire, i.e. the whole model or the body);
+    algorithms that send other things (statistics, subspaces, per-domain heads) or combine
+    replies by their own rule refuse them with a ConfigError (see :attr:`robust_refusal`).
     """
 
     name = "fedavg"
@@ -130,6 +152,10 @@ class PFLStrategy(FedAvg):
     #: clients contacted at once in the strategy's own exchanges (partition queries, setup
     #: rounds); the app sets it from ``server-workers``, like the legacy server's pool
     max_workers: int = 32
+    #: why ``clip_update_norm`` / ``aggregate="trimmed-mean"`` do not apply ("" where they do);
+    #: an algorithm that overrides how replies are read or combined refuses them unless it says
+    #: otherwise here
+    robust_refusal: ClassVar[str] = ""
 
     def __init__(
         self,
@@ -155,6 +181,10 @@ class PFLStrategy(FedAvg):
         seed: int | None = 0,
         num_rounds: int = 0,
         round_timeout: float | None = None,
+        clip_update_norm: float | None = None,
+        max_examples: int | None = None,
+        aggregate: str = "mean",
+        trim_fraction: float = 0.1,
     ) -> None:
         if num_clients < 1:
             raise ValueError(f"num_clients must be >= 1, got {num_clients}")
@@ -179,6 +209,11 @@ class PFLStrategy(FedAvg):
                 raise TypeError(f"initial_parameters must be flwr.common.Parameters, got {type(initial_parameters).__name__}")
             initial_arrays = parameters_to_ndarrays(initial_parameters)
         self._round_configs: dict[str, tuple[int, dict[str, Scalar]]] = {}  # hook -> (round, its dict)
+        self._check_bounds(clip_update_norm, max_examples, aggregate, trim_fraction)
+        self.clip_update_norm = clip_update_norm
+        self.max_examples = max_examples
+        self.aggregate = aggregate
+        self.trim_fraction = trim_fraction
         super().__init__(
             fraction_fit=fraction_fit,
             fraction_evaluate=fraction_evaluate,
@@ -214,6 +249,51 @@ class PFLStrategy(FedAvg):
         elif hooks.looks_like_hook(name) and not hasattr(self, name):
             raise hooks.unknown_hook(type(self).__name__, name)
         super().__setattr__(name, value)
+
+    def _check_bounds(self, clip: float | None, max_examples: int | None, aggregate: str, trim: float) -> None:
+        """ConfigError on a bad or (for this algorithm) inapplicable reply bound."""
+        name = type(self).__name__
+        if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip > 0):
+            raise ConfigError(f"{name}: clip_update_norm (clip-update-norm) must be a number > 0 or None (off), got {clip!r}")
+        if max_examples is not None and (isinstance(max_examples, bool) or not isinstance(max_examples, int) or max_examples < 1):
+            raise ConfigError(f"{name}: max_examples (max-examples) must be an integer >= 1 or None (off), got {max_examples!r}")
+        if aggregate not in AGGREGATES:
+            raise ConfigError(f"{name}: aggregate={aggregate!r} is not allowed; choose one of {', '.join(map(repr, AGGREGATES))}")
+        if isinstance(trim, bool) or not isinstance(trim, (int, float)) or not 0 <= trim < 0.5:
+            raise ConfigError(f"{name}: trim_fraction (trim-fraction) must be in [0, 0.5), got {trim!r}")
+        asked = [what for what, on in (("clip-update-norm", clip is not None), ("aggregate='trimmed-mean'", aggregate != "mean")) if on]
+        refusal = self.robust_refusal or self._default_refusal()
+        if asked and refusal:
+            raise ConfigError(f"{name}: {' and '.join(asked)} cannot be used: {refusal}; leave them off for this algorithm")
+
+    @classmethod
+    def _default_refusal(cls) -> str:
+        """Why the bounds do not apply when the class reads or combines replies its own way."""
+        own = [m for m in ("check_reply", "aggregate_replies") if getattr(cls, m) is not getattr(PFLStrategy, m)]
+        if not own:
+            return ""
+        return (f"it reads or combines its fit replies by its own rule ({', '.join(own)}), not as a weighted mean of the "
+                "global arrays trained further")
+
+    def bound_replies(self, server_round: int, replies: list[ClientReply]) -> list[ClientReply]:
+        """The replies with their updates clipped to ``clip_update_norm`` (when set): each
+        reply's arrays become ``global + clip(reply - global)``, against the global arrays the
+        round sent."""
+        if self.clip_update_norm is None or not replies or not self.global_arrays:
+            return replies
+        out = []
+        for r in replies:
+            norm = update_norm([a.astype(np.float64) - g for a, g in zip(r.arrays, self.global_arrays) if np.issubdtype(a.dtype, np.floating)])
+            if norm > self.clip_update_norm:
+                log(INFO, "round %d: partition %d's update (norm %.4g) clipped to clip-update-norm=%g",
+                    self.round_offset + server_round, r.partition_id, norm, self.clip_update_norm)
+            out.append(replace(r, arrays=clip_update(r.arrays, self.global_arrays, self.clip_update_norm)))
+        return out
+
+    def check_examples(self, who: str, num_examples: int) -> None:
+        """ReplyError when a reply claims more than ``max_examples`` examples."""
+        if self.max_examples is not None and num_examples > self.max_examples:
+            raise ReplyError(f"client {who} claims {num_examples} examples, more than max-examples={self.max_examples}")
 
     def require_num_rounds(self, what: str, alternative: str) -> None:
         """Refuse to build when ``what`` needs the run's total rounds and none was given."""
@@ -427,6 +507,8 @@ class PFLStrategy(FedAvg):
         """Combine validated replies into the new global arrays (default: FedAvg, Eq. in Alg. 1)."""
         if not replies[0].arrays:
             return []
+        if self.aggregate == "trimmed-mean":
+            return trimmed_mean([r.arrays for r in replies], self.trim_fraction)
         return weighted_average([r.arrays for r in replies], [r.num_examples for r in replies])
 
     def aggregate_fit(
@@ -440,6 +522,7 @@ class PFLStrategy(FedAvg):
         rejected = 0
         for proxy, res in in_partition_order(results):  # sums must not depend on arrival order
             try:
+                self.check_examples(proxy.cid, res.num_examples)
                 replies.append(self.check_reply(server_round, proxy, res))
             except ReplyError as err:
                 log(WARNING, "round %d: rejected a fit reply: %s", server_round, err)
@@ -458,7 +541,7 @@ class PFLStrategy(FedAvg):
             log(WARNING, "round %d: no valid fit replies; the global model is unchanged", server_round)
             self._notify(server_round, "fit", metrics, {})
             return None, metrics
-        arrays = self.aggregate_replies(server_round, replies)
+        arrays = self.aggregate_replies(server_round, self.bound_replies(server_round, replies))
         self.global_arrays = arrays
         metrics |= aggregate_client_metrics(
             [(r.num_examples, r.metrics) for r in replies], keys=self.fit_metric_keys(replies)

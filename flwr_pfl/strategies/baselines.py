@@ -45,6 +45,7 @@ class Local(PFLStrategy):
 
     name = "local"
     refused_hooks = {"evaluate_fn": "local training has no global model to evaluate on the server (each client keeps its own)"}
+    robust_refusal = "local training sends no model, so there is no update to clip or average"
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -157,7 +157,7 @@ def test_client_data_beyond_the_budget_is_dropped_least_recent_first(tmp_path, d
     run = CACHE.run(1, cfg)
     build_client(node(cfg, 0))
     build_client(node(cfg, 1))
-    assert list(run._data) == [(0, NUM_CLIENTS), (1, NUM_CLIENTS)]
+    assert list(run._data) == [(0, NUM_CLIENTS, None), (1, NUM_CLIENTS, None)]  # the run's dataset: no other source
     monkeypatch.setattr(client_cache, "DATA_BUDGET_BYTES", 1)  # keeps the newest partition only
     build_client(node(cfg, 2))
-    assert list(run._data) == [(2, NUM_CLIENTS)]
+    assert list(run._data) == [(2, NUM_CLIENTS, None)]

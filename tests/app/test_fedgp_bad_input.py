@@ -87,14 +87,14 @@ def test_partial_participation_stops_the_run_before_any_training(tmp_path, blobs
     assert grid.bytes_sent == 0 and grid.bytes_received == 0
 
 
-def test_misspelt_target_role_stops_the_run_naming_the_allowed_roles(tmp_path, blobs_dataset):
-    """The target node cannot start (its role is misspelt): the run must not finish with
-    target_missing in every round, but stop at the first FDA round quoting the node's error.
-    (seed=1: Flower's request for the initial parameters goes to a healthy node; asking the
-    broken one would stop the run there, with the same client error.)"""
-    with pytest.raises(ConfigError, match="the target has never answered") as err:
+def test_misspelt_target_role_stops_the_run_at_its_start_naming_the_node_and_the_allowed_roles(tmp_path, blobs_dataset):
+    """The target node's role is misspelt: the run must not go on without it (target_missing in
+    every round) but stop when the server asks the nodes for their settings, before any array
+    is sent, naming the node and the allowed roles."""
+    with pytest.raises(ConfigError, match=r"node 1003 \(partition 3\): node config fedgp-role='tagret' is not "
+                       "allowed; use 'target' or 'source'"):
         run_with_roles(tmp_path, blobs_dataset, {3: "tagret"}, seed=1)
-    assert "fedgp-role='tagret' is unknown; allowed: 'target', 'source'" in str(err.value)
+    assert not (tmp_path / "run").exists()
 
 
 def test_more_target_samples_than_the_target_has_stops_the_run_naming_both_numbers(tmp_path, blobs_dataset):
