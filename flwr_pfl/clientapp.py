@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from flwr.app import Context, Message
+from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common import NDArrays, Scalar
 
@@ -46,17 +46,24 @@ class MessageClient(Protocol):
 
     def get_properties(self, config: Config) -> Config: ...
 
+    def get_parameters(self, config: Config) -> NDArrays: ...
+
 
 BuildClient = Callable[[Context], MessageClient]
+
+
+def array_names(client: MessageClient) -> list[str] | None:
+    """The names of the client's wire arrays as the user's model has them (a flwr_pfl client's
+    ``user_wire_names``); None for a client that does not name them (arrays go by position)."""
+    user_wire_names = getattr(client, "user_wire_names", None)
+    return user_wire_names() if callable(user_wire_names) else None
 
 
 def train_reply(client: MessageClient, message: Message) -> Message:
     """The reply to a ``train`` message: ``client.fit`` on the message's arrays and config."""
     arrays, config = messages.read_request(message.content)
     new_arrays, num_examples, metrics = client.fit(arrays, config)
-    user_wire_names = getattr(client, "user_wire_names", None)  # a flwr_pfl client names its arrays
-    names = user_wire_names() if callable(user_wire_names) else None
-    return Message(messages.train_reply_content(new_arrays, num_examples, metrics, names), reply_to=message)
+    return Message(messages.train_reply_content(new_arrays, num_examples, metrics, array_names(client)), reply_to=message)
 
 
 def evaluate_reply(client: MessageClient, message: Message) -> Message:
@@ -72,8 +79,15 @@ def query_reply(client: MessageClient, message: Message) -> Message:
     return Message(messages.properties_content(client.get_properties(config)), reply_to=message)
 
 
+def parameters_reply(client: MessageClient, message: Message) -> Message:
+    """The reply to a ``query.parameters`` message (the server starting from an empty
+    ``initial_arrays`` asks one node for them): the client's initial shared arrays, named."""
+    _, config = messages.read_request(message.content)
+    return Message(RecordDict({messages.ARRAYS: messages.pack_arrays(client.get_parameters(config), array_names(client))}), reply_to=message)
+
+
 def register_handlers(app: ClientApp, build: BuildClient) -> ClientApp:
-    """Register the ``train``, ``evaluate`` and ``query`` handlers of ``build``'s client on
+    """Register the ``train``, ``evaluate``, ``query`` and ``query.parameters`` handlers of ``build``'s client on
     ``app`` (a ``ClientApp`` created without ``client_fn``) and return ``app``.
 
     Args:
@@ -93,6 +107,10 @@ def register_handlers(app: ClientApp, build: BuildClient) -> ClientApp:
     @app.query()
     def query(message: Message, context: Context) -> Message:
         return query_reply(build(context), message)
+
+    @app.query("parameters")
+    def parameters(message: Message, context: Context) -> Message:
+        return parameters_reply(build(context), message)
 
     return app
 

@@ -1,5 +1,13 @@
 """The ClientApp that ``flwr run .`` starts: build the configured algorithm's client for a node.
 
+It answers both flavours of the app (run-config key ``api``): the legacy messages of the
+NumPyClient flavour through ``client_fn``, and the Message-API messages of the ``message``
+flavour through the handlers of :func:`flwr_pfl.clientapp.register_handlers` (on
+:data:`message_app`). Flower refuses a ClientApp with both a ``client_fn`` and ``@app.train()``
+handlers, so :data:`app` is the ``client_fn`` app with a mod that hands Message-API messages
+(a ``query``, or a request with a ``"config"`` record, which legacy messages never have) to
+:data:`message_app`. Both build the same client (:class:`~flwr_pfl.app.node_client.NodeClient`).
+
 Flower calls the app once per message. What does not change between messages (the parsed run
 config, the node's data, an initialised model) is built once per process and reused
 (:mod:`flwr_pfl.app.client_cache`); a reused model is reset to its freshly built state, so every
@@ -11,8 +19,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 
-from flwr.app import Context
+from flwr.app import Context, Message
 from flwr.client import Client, ClientApp
+from flwr.clientapp.typing import ClientAppCallable
+
+from flwr_pfl import messages
+from flwr_pfl.clientapp import register_handlers
 
 from flwr_pfl.app.client_cache import ClientCache
 from flwr_pfl.app.config import Experiment
@@ -121,11 +133,30 @@ def build_client(context: Context) -> PFLClient:
         return spec.client(context, model, local, train_config, **spec.client_kwargs(experiment.options))
 
 
+def node_client(context: Context) -> NodeClient:
+    """The node's client for one message (the algorithm's client is built when needed)."""
+    return NodeClient(context, build_client, node_answer)
+
+
 def client_fn(context: Context) -> Client:
-    return NodeClient(context, build_client, node_answer).to_client()
+    return node_client(context).to_client()
 
 
-app = ClientApp(client_fn=client_fn)
+#: the Message-API handlers (``train``, ``evaluate``, ``query``, ``query.parameters``)
+message_app = register_handlers(ClientApp(), node_client)
+
+
+def is_message_api(message: Message) -> bool:
+    """Whether ``message`` is of the Message-API flavour (not a legacy one)."""
+    return message.metadata.message_type.split(".")[0] == "query" or messages.CONFIG in message.content
+
+
+def dispatch(message: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Mod: Message-API messages to :data:`message_app`, the legacy ones to ``client_fn``."""
+    return message_app(message, context) if is_message_api(message) else call_next(message, context)
+
+
+app = ClientApp(client_fn=client_fn, mods=[dispatch])
 
 
 @app.lifespan()

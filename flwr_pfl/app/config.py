@@ -30,6 +30,10 @@ from flwr_pfl.training.optim import OptimizerConfig
 SIMULATED_CLIENTS = 10
 
 
+#: the values of the run-config key ``api``: the Flower API the server and clients talk through
+APIS = ("numpyclient", "message")
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Settings common to every algorithm (run-config keys in kebab-case).
@@ -78,6 +82,10 @@ class RunConfig:
             grow) and ``checkpoint_interval``.
         checkpoint_interval: write ``checkpoint.npz`` after every this many rounds, and always
             after the last one.
+        api: which Flower API the server drives the algorithm through: ``numpyclient`` (the
+            legacy Strategy loop and NumPyClients) or ``message`` (the Message-API strategy of
+            :mod:`flwr_pfl.serverapp` and the ClientApp's ``train``/``evaluate``/``query``
+            handlers). Both run the same round logic and give the same numbers.
         clip_update_norm: > 0 scales each client's update (its reply minus the global arrays
             it was sent) to at most this L2 norm before aggregation; 0 = off.
         max_examples: > 0 rejects a fit reply that claims more examples than this; 0 = off.
@@ -119,6 +127,7 @@ class RunConfig:
     max_examples: int = 0
     aggregate: str = "mean"
     trim_fraction: float = 0.1
+    api: str = "numpyclient"
 
     def __post_init__(self) -> None:
         get_algorithm(self.algorithm)
@@ -157,6 +166,7 @@ class RunConfig:
         if not self.output_dir:
             raise ConfigError("output-dir must not be empty")
         check_run_name(self.run_name)
+        check_choice("api", self.api, APIS)
         if self.resume and not self.run_name:
             raise ConfigError("resume=true needs run-name: the name of the run to continue under output-dir")
         self.optimizer_config()  # validates the optimizer and scheduler keys

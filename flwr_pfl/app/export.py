@@ -40,7 +40,7 @@ from flwr.serverapp import Grid
 
 from flwr_pfl.app.config import RunConfig
 from flwr_pfl.app.keys import parse_section
-from flwr_pfl.app.nodes import ask_a_node
+from flwr_pfl.app.nodes import NodeProxy, ask_a_node, legacy_proxy
 from flwr_pfl.clients.base import EXTRA_SEPARATOR, WIRE_LAYOUT, WIRE_LAYOUT_QUERY, NDArrays, PFLClient
 from flwr_pfl.strategies.base import PFLStrategy
 
@@ -74,10 +74,12 @@ def name_arrays(arrays: Sequence[np.ndarray], layout: Sequence[Sequence[Any]]) -
     return named
 
 
-def export_global_model(grid: Grid, strategy: PFLStrategy, output: Path, timeout: float) -> dict[str, torch.Tensor]:
+def export_global_model(
+    grid: Grid, strategy: PFLStrategy, output: Path, timeout: float, proxy: NodeProxy = legacy_proxy
+) -> dict[str, torch.Tensor]:
     """Write the strategy's final global arrays as ``output/model.pt`` (and ``extras.pt``),
-    named by the wire layout one node reports; returns the model's tensors (empty when the
-    algorithm has no global model, and nothing is written).
+    named by the wire layout one node reports (addressed by ``proxy``); returns the model's
+    tensors (empty when the algorithm has no global model, and nothing is written).
 
     Raises:
         RuntimeError: no node answered the wire-layout query.
@@ -87,7 +89,7 @@ def export_global_model(grid: Grid, strategy: PFLStrategy, output: Path, timeout
     if not strategy.has_global_model or not arrays:
         log(INFO, "flwr_pfl: %s has no global model to export; the clients export their own", strategy.name)
         return {}
-    answer = ask_a_node(grid, WIRE_LAYOUT_QUERY, timeout)
+    answer = ask_a_node(grid, WIRE_LAYOUT_QUERY, timeout, proxy)
     named = name_arrays(arrays, json.loads(str(answer[WIRE_LAYOUT])))
     tensors = {name: torch.tensor(np.asarray(array)) for name, array in named.items()}
     model = {k: v for k, v in tensors.items() if EXTRA_SEPARATOR not in k}

@@ -56,6 +56,10 @@ class NodeClient(NumPyClient):
     def get_parameters(self, config: Config) -> NDArrays:
         return self.client.get_parameters(config)
 
+    def user_wire_names(self) -> list[str]:
+        """The names of the arrays the algorithm's client sends (Message-API replies carry them)."""
+        return self.client.user_wire_names()
+
     def fit(self, parameters: NDArrays, config: Config) -> tuple[NDArrays, int, Config]:
         return self.client.fit(parameters, config)
 

@@ -23,10 +23,12 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import time
+from collections.abc import Callable
 from logging import WARNING
 from typing import Any
 
 from flwr.common import GetPropertiesIns, log
+from flwr.server.client_proxy import ClientProxy
 from flwr.server.compat.grid_client_proxy import GridClientProxy
 from flwr.serverapp import Grid
 
@@ -43,6 +45,16 @@ DESCRIBE_DATA = "describe-data"
 
 #: seconds between two looks for registered nodes
 POLL_SECONDS = 0.2
+
+#: how the server addresses one node: ``(grid, node_id) -> ClientProxy``; the NumPyClient
+#: flavour's legacy messages by default, :class:`flwr_pfl.serverapp.nodes.MessageNode` in the
+#: Message-API flavour
+NodeProxy = Callable[[Grid, int], ClientProxy]
+
+
+def legacy_proxy(grid: Grid, node_id: int) -> ClientProxy:
+    """Flower's proxy of the legacy messages (what a ``client_fn`` ClientApp answers)."""
+    return GridClientProxy(node_id=node_id, grid=grid, run_id=grid.run.run_id)
 
 
 def wait_for_nodes(grid: Grid, timeout: float) -> list[int]:
@@ -64,18 +76,17 @@ def wait_for_nodes(grid: Grid, timeout: float) -> list[int]:
         time.sleep(POLL_SECONDS)
 
 
-def ask_a_node(grid: Grid, config: Config, timeout: float) -> Config:
+def ask_a_node(grid: Grid, config: Config, timeout: float, proxy: NodeProxy = legacy_proxy) -> Config:
     """One node's ``get_properties(config)`` answer; the registered nodes are asked in turn
-    until one answers (a node may fail on its own, e.g. on its data).
+    until one answers (a node may fail on its own, e.g. on its data). ``proxy`` addresses a node.
 
     Raises:
         RuntimeError: no node answered (naming each node's error).
     """
     errors = []
     for node_id in wait_for_nodes(grid, timeout):
-        proxy = GridClientProxy(node_id=node_id, grid=grid, run_id=grid.run.run_id)
         try:
-            return dict(proxy.get_properties(GetPropertiesIns(dict(config)), timeout=timeout, group_id=None).properties)
+            return dict(proxy(grid, node_id).get_properties(GetPropertiesIns(dict(config)), timeout=timeout, group_id=None).properties)
         except Exception as err:  # an error reply, or no reply
             log(WARNING, "node %d did not answer %s: %s", node_id, config, err)
             errors.append(f"node {node_id}: {err}")
@@ -90,12 +101,14 @@ def data_answer(data: ClientData, classes: tuple[str, ...] = (), own: bool = Tru
     return {DATA_SHAPE: json.dumps(shape)}
 
 
-def ask_nodes(grid: Grid, node_ids: list[int], config: Config, timeout: float, workers: int) -> dict[int, Config | Exception]:
-    """Every node's ``get_properties(config)`` answer, or the error of one that could not answer."""
+def ask_nodes(
+    grid: Grid, node_ids: list[int], config: Config, timeout: float, workers: int, proxy: NodeProxy = legacy_proxy
+) -> dict[int, Config | Exception]:
+    """Every node's ``get_properties(config)`` answer, or the error of one that could not answer;
+    ``proxy`` addresses a node."""
     def ask(node_id: int) -> Config | Exception:
-        proxy = GridClientProxy(node_id=node_id, grid=grid, run_id=grid.run.run_id)
         try:
-            return dict(proxy.get_properties(GetPropertiesIns(dict(config)), timeout=timeout, group_id=None).properties)
+            return dict(proxy(grid, node_id).get_properties(GetPropertiesIns(dict(config)), timeout=timeout, group_id=None).properties)
         except Exception as err:  # an error reply, or no reply
             return err
 
@@ -103,7 +116,7 @@ def ask_nodes(grid: Grid, node_ids: list[int], config: Config, timeout: float, w
         return dict(zip(node_ids, pool.map(ask, node_ids)))
 
 
-def survey_nodes(grid: Grid, timeout: float, wanted: int = 0, workers: int = 32) -> dict[int, Config]:
+def survey_nodes(grid: Grid, timeout: float, wanted: int = 0, workers: int = 32, proxy: NodeProxy = legacy_proxy) -> dict[int, Config]:
     """Every connected node's answer to the federation query, checked; node id -> answer.
 
     Waits (up to ``timeout`` s) for ``wanted`` nodes (0: as many as the first answer's
@@ -122,7 +135,7 @@ def survey_nodes(grid: Grid, timeout: float, wanted: int = 0, workers: int = 32)
     while True:
         new = [n for n in wait_for_nodes(grid, max(0.0, deadline - time.monotonic())) if n not in asked]
         asked.update(new)
-        for node_id, answer in ask_nodes(grid, new, FEDERATION_QUERY, timeout, workers).items():
+        for node_id, answer in ask_nodes(grid, new, FEDERATION_QUERY, timeout, workers, proxy).items():
             if isinstance(answer, Exception):
                 log(WARNING, "node %d did not answer %s: %s", node_id, FEDERATION_QUERY, answer)
                 errors.append(f"node {node_id}: {answer}")
@@ -137,7 +150,7 @@ def survey_nodes(grid: Grid, timeout: float, wanted: int = 0, workers: int = 32)
     check_survey(answers)
     if any(_shape(a) for a in answers.values()):  # some nodes use their own data: every node describes its data
         silent = [n for n, a in answers.items() if not _shape(a)]
-        for node_id, answer in ask_nodes(grid, silent, {**FEDERATION_QUERY, DESCRIBE_DATA: True}, timeout, workers).items():
+        for node_id, answer in ask_nodes(grid, silent, {**FEDERATION_QUERY, DESCRIBE_DATA: True}, timeout, workers, proxy).items():
             if not isinstance(answer, Exception):
                 answers[node_id] = answer
         check_survey(answers)
@@ -207,7 +220,9 @@ def _describe(shape: dict[str, Any]) -> str:
             f"{'classes' if shape['task'] == 'classification' else 'outputs'}{names}, {shape['num_domains']} domain(s)")
 
 
-def resolve_num_clients(grid: Grid, num_clients: int, timeout: float, wanted: int = 0, workers: int = 32) -> int:
+def resolve_num_clients(
+    grid: Grid, num_clients: int, timeout: float, wanted: int = 0, workers: int = 32, proxy: NodeProxy = legacy_proxy
+) -> int:
     """``num-clients`` checked against the federation's size, or that size when it is 0, after
     :func:`survey_nodes` (``wanted``: the nodes to wait for, 0 = ``num_clients`` or the
     federation's size). A set ``num-clients`` is taken as it is when the nodes do not say their size.
@@ -217,7 +232,7 @@ def resolve_num_clients(grid: Grid, num_clients: int, timeout: float, wanted: in
             :func:`survey_nodes` refused a node.
         RuntimeError: no node answered, or ``num_clients`` is 0 and the nodes do not say their size.
     """
-    answers = survey_nodes(grid, timeout, wanted or num_clients, workers)
+    answers = survey_nodes(grid, timeout, wanted or num_clients, workers, proxy)
     size = next((s for a in answers.values() if (s := _size(a)) is not None), None)
     if size is None:
         if num_clients:

@@ -8,13 +8,12 @@ from typing import Any
 
 from flwr.app import Context
 from flwr.common import log
-from flwr.server import Server, ServerConfig, SimpleClientManager
-from flwr.server.compat import start_grid
 from flwr.serverapp import Grid, ServerApp
 
 from flwr_pfl.app.checkpoint import CHECKPOINT_NAME, Checkpoint, read_checkpoint
 from flwr_pfl.app.config import Experiment, parse_experiment
 from flwr_pfl.app.export import export_global_model, request_client_exports
+from flwr_pfl.app.flavours import RoundServer, flavour  # noqa: F401 - RoundServer stays importable here
 from flwr_pfl.app.nodes import resolve_num_clients
 from flwr_pfl.app.results import ResultsWriter, refuse_existing
 from flwr_pfl.errors import ConfigError
@@ -25,7 +24,7 @@ from flwr_pfl.training import seed_everything, set_num_threads
 #: and times out nodes (an operator resuming on a fleet that changed); none changes what is computed
 RESUMABLE_CHANGES = frozenset({
     "num-server-rounds", "resume", "output-dir", "run-name", "checkpoint-interval",
-    "wait-timeout", "min-clients", "round-timeout", "server-workers",
+    "wait-timeout", "min-clients", "round-timeout", "server-workers", "api",
 })
 
 
@@ -108,37 +107,6 @@ def _shown(config: dict[str, Any], key: str) -> str:
     return "(absent)" if value is _MISSING else repr(value)
 
 
-class RoundServer(Server):
-    """Flower's legacy server loop, telling the results writer which clients failed and when
-    each round is over (after its evaluation, or where it evaluates nothing, after its fit), so
-    that checkpoints hold whole rounds; it contacts up to ``workers`` clients at once
-    (:func:`server_workers`)."""
-
-    def __init__(self, strategy: PFLStrategy, writer: ResultsWriter, workers: int) -> None:
-        super().__init__(client_manager=SimpleClientManager(), strategy=strategy)
-        self.set_max_workers(workers)
-        self.pfl_strategy = strategy
-        self.writer = writer
-
-    def fit_round(self, server_round: int, timeout: float | None):  # type: ignore[no-untyped-def]
-        result = super().fit_round(server_round, timeout)
-        if result is not None:
-            results, failures = result[2]
-            self.writer.record_failures(self._global(server_round), "fit", failures, len(results) + len(failures))
-        return result
-
-    def evaluate_round(self, server_round: int, timeout: float | None):  # type: ignore[no-untyped-def]
-        result = super().evaluate_round(server_round, timeout)
-        if result is not None:
-            results, failures = result[2]
-            self.writer.record_failures(self._global(server_round), "evaluate", failures, len(results) + len(failures))
-        self.writer.end_round(self._global(server_round))
-        return result
-
-    def _global(self, server_round: int) -> int:
-        return self.pfl_strategy.round_offset + server_round
-
-
 def run_directory(experiment: Experiment) -> Path:
     """The run's output directory; an unnamed run gets the first free ``<default>[-<n>]`` name."""
     output = experiment.output_path()
@@ -156,8 +124,10 @@ def run_server(grid: Grid, context: Context) -> ResultsWriter:
     experiment = parse_experiment(context.run_config)  # stops here on a bad key or value
     # num-clients = 0 is the federation's size; a set value must equal it. Every node connected by
     # then (at least min-clients of them) is asked: a wrong node setting stops the run here.
+    drive, node_proxy = flavour(experiment.run.api)
     num_clients = resolve_num_clients(grid, experiment.run.num_clients, experiment.run.wait_timeout,
-                                      wanted=experiment.run.min_clients, workers=server_workers(experiment, grid))
+                                      wanted=experiment.run.min_clients, workers=server_workers(experiment, grid),
+                                      proxy=node_proxy)
     experiment = experiment.with_num_clients(num_clients)
     seed_everything(experiment.run.seed)
     # The server's own tensor work (FEDORA's propagation GEMM, FedDAR-SA's solves) uses the
@@ -193,7 +163,7 @@ def run_server(grid: Grid, context: Context) -> ResultsWriter:
     log(INFO, "flwr_pfl: %s, results in %s", experiment.algorithm.summary, output)
     try:
         if rounds > 0:
-            start_grid(grid=grid, server=RoundServer(strategy, writer, workers), config=ServerConfig(num_rounds=rounds, round_timeout=experiment.run.round_timeout_seconds))
+            drive(grid, strategy, writer, workers, rounds, experiment.run.round_timeout_seconds)
     except Exception as err:  # the results so far and a summary that says why, then the error
         _finish_after(writer, err)
         raise
@@ -201,7 +171,7 @@ def run_server(grid: Grid, context: Context) -> ResultsWriter:
         writer.export()
         raise
     writer.finish()
-    export_global_model(grid, strategy, output, experiment.run.wait_timeout)
+    export_global_model(grid, strategy, output, experiment.run.wait_timeout, node_proxy)
     return writer
 
 

@@ -1,0 +1,99 @@
+"""The global arrays a Message-API strategy starts from, in the round logic's wire order.
+
+The round logic addresses arrays by position (the clients' ``wire_layout``: the shared group's
+``state_dict`` names, in order, plus an algorithm's non-model arrays). A Flower user starts a
+Message-API strategy with an ``ArrayRecord``, often of the whole model
+(``ArrayRecord(model.state_dict())``). :func:`select_wire_arrays` takes from such a record the
+arrays the wire carries, by name and in wire order, and refuses one that lacks some with a
+message naming what is missing and what is extra. Names are matched as the client's model has
+them or as the user's own model does (a user's model given with ``head=`` is wrapped by the
+client, its keys gaining a ``module.`` prefix: :meth:`~flwr_pfl.models.split.HeadSplit.user_key`). A record named by position (``"0"``, ``"1"``,
+...) is taken as it is: it already is in wire order.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import numpy as np
+from flwr.app import ArrayRecord
+
+from flwr_pfl.clients.base import WIRE_LAYOUT
+from flwr_pfl.errors import ConfigError
+from flwr_pfl.messages import unpack_arrays
+from flwr_pfl.models.split import HeadSplit
+
+#: ``(name, shape)`` of each wire array, in order
+Layout = list[tuple[str, tuple[int, ...]]]
+
+
+def is_positional(record: ArrayRecord) -> bool:
+    """Whether ``record``'s names are its positions (``"0"``, ``"1"``, ...)."""
+    return list(record.keys()) == [str(i) for i in range(len(record))]
+
+
+def parse_layout(properties: dict) -> Layout:
+    """The wire layout of a node's answer to the wire-layout query.
+
+    Raises:
+        ConfigError: the answer has no layout (the node's client is not a flwr_pfl client).
+    """
+    if WIRE_LAYOUT not in properties:
+        raise ConfigError(
+            f"the node's answer to the wire-layout query has no {WIRE_LAYOUT!r} ({sorted(properties)}); its "
+            "ClientApp must run a flwr_pfl client (flwr_pfl.clientapp.register_handlers) to start from named arrays, "
+            "or pass the arrays named by position (ArrayRecord(list_of_arrays))"
+        )
+    return [(str(name), tuple(int(n) for n in shape)) for name, shape in json.loads(str(properties[WIRE_LAYOUT]))]
+
+
+def user_name(name: str) -> str:
+    """A wire name as the user's own model names the tensor."""
+    return HeadSplit.user_key(name)
+
+
+def _find(record: ArrayRecord, name: str) -> str | None:
+    """The key of ``record`` holding wire array ``name`` (its own or its user name), or None."""
+    return next((key for key in (name, user_name(name)) if key in record), None)
+
+
+def select_wire_arrays(record: ArrayRecord, layout: Layout) -> list[np.ndarray]:
+    """The arrays of ``layout``, taken from ``record`` by name, in wire order.
+
+    Raises:
+        ConfigError: ``record`` lacks some of the layout's names (naming those and the names
+            it has that the wire does not carry), or an array's shape is not the wire's.
+    """
+    wanted = [user_name(name) for name, _ in layout]
+    keys = {name: _find(record, name) for name, _ in layout}
+    missing = [user_name(name) for name, key in keys.items() if key is None]
+    if missing:
+        used = {key for key in keys.values() if key is not None}
+        extra = [name for name in record.keys() if name not in used]
+        raise ConfigError(
+            f"initial_arrays lacks {len(missing)} array(s) the algorithm's wire carries: {_names(missing)}; "
+            f"it has {len(extra)} the wire does not carry: {_names(extra)}. Pass the model's state_dict "
+            f"(ArrayRecord(model.state_dict())), the wire arrays {_names(wanted)}, or an empty ArrayRecord "
+            "to ask a client for them"
+        )
+    arrays = []
+    for name, shape in layout:
+        array = record[str(keys[name])].numpy()
+        if tuple(array.shape) != shape:
+            raise ConfigError(f"initial_arrays[{name!r}] has shape {tuple(array.shape)}; the clients' model has {shape}")
+        arrays.append(array)
+    return arrays
+
+
+def record_arrays(record: ArrayRecord, names: Sequence[str] | None) -> list[np.ndarray] | None:
+    """``record``'s arrays when they are in wire order already (named by position, or by
+    exactly ``names``); None when they must be selected by name."""
+    if is_positional(record) or (names is not None and list(record.keys()) == list(names)):
+        return unpack_arrays(record)
+    return None
+
+
+def _names(names: Sequence[str], limit: int = 8) -> str:
+    shown = ", ".join(repr(n) for n in names[:limit])
+    return f"[{shown}{', ...' if len(names) > limit else ''}]" if names else "none"

@@ -1,0 +1,237 @@
+"""A Flower Message-API strategy that drives a legacy flwr_pfl strategy (the round logic).
+
+:class:`PFLMessageStrategy` holds no algorithm of its own. Each Message-API step calls the
+round logic's legacy counterpart and translates:
+
+* ``configure_train`` / ``configure_evaluate``: the logic's ``configure_fit`` /
+  ``configure_evaluate`` pick nodes (through :class:`~flwr_pfl.serverapp.nodes.GridClientManager`,
+  refreshed from the grid each round) and build each node's instruction, running their own side
+  exchanges (partition queries, FedDAR's head phase, FEDORA's setup) through
+  :class:`~flwr_pfl.serverapp.nodes.MessageNode`; each (node, instruction) becomes one Message,
+  the user's ``train_config`` / ``evaluate_config`` under the logic's own keys;
+* ``aggregate_train`` / ``aggregate_evaluate``: each reply becomes the node's FitRes /
+  EvaluateRes, or a failure (an error reply, malformed content, no reply), and the logic's
+  ``aggregate_fit`` / ``aggregate_evaluate`` check, reject and aggregate them as in the
+  NumPyClient flavour. The returned MetricRecord holds the numeric metrics.
+
+The legacy server loop's other steps happen where its order puts them: the initial arrays and
+the logic's server-side evaluation of round 0 in the first ``configure_train``, its evaluation
+of each later round after ``aggregate_train``. Flower's own ``start()`` runs the rounds
+unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from logging import INFO, WARNING
+from typing import Any, TypeVar
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.common import EvaluateRes, FitRes, GetPropertiesIns, Parameters, log, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.server.client_proxy import ClientProxy
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from flwr_pfl import messages
+from flwr_pfl.clients.base import WIRE_LAYOUT_QUERY
+from flwr_pfl.serverapp.layout import Layout, is_positional, parse_layout, record_arrays, select_wire_arrays, user_name
+from flwr_pfl.serverapp.nodes import EVALUATE, TRAIN, GridClientManager, MessageNode, NodeFailure, reply_content
+from flwr_pfl.strategies.base import PFLStrategy
+
+Res = TypeVar("Res", FitRes, EvaluateRes)
+Failures = list[Any]
+
+
+class PFLMessageStrategy(Strategy):
+    """Flower's Message-API ``Strategy`` over ``logic``, a legacy flwr_pfl strategy.
+
+    Args:
+        logic: the round logic (any :class:`~flwr_pfl.strategies.base.PFLStrategy`, built with
+            its usual arguments); it keeps all algorithm state (``logic.global_arrays``,
+            ``logic.state_dict()``).
+
+    ``start(grid, initial_arrays, ...)`` is Flower's. ``initial_arrays`` may be the wire arrays
+    by position, the model's whole ``state_dict`` (the shared group is selected by name, after
+    asking one node for its wire layout), or empty: then the logic's own initial arrays (its
+    ``initial_arrays`` argument, or a checkpoint's) are used, else one node is asked for its
+    initial arrays (a ``query.parameters`` message), as the legacy server asks a client.
+    """
+
+    def __init__(self, logic: PFLStrategy) -> None:
+        if not isinstance(logic, PFLStrategy):
+            raise TypeError(f"logic must be a flwr_pfl PFLStrategy, got {type(logic).__name__}")
+        self.logic = logic
+        #: names of the global arrays on the wire (None: unknown; arrays named by position)
+        self.wire_names: list[str] | None = None
+        self._manager: GridClientManager | None = None
+        self._parameters: Parameters | None = None  # the current global arrays, as the logic has them
+        self._returned: ArrayRecord | None = None  # the record last handed to Flower's loop
+        self._started = False
+        self._pending: dict[str, dict[int, MessageNode]] = {}  # phase -> node id -> node asked
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.logic!r})"
+
+    # ---------------------------------------------------------------- hooks for subclasses
+    def phase_done(self, server_round: int, phase: str, results: Sequence[tuple[ClientProxy, Any]], failures: Failures) -> None:
+        """Called after each aggregation (``phase``: "fit" or "evaluate") with its results and
+        failures (including the replies the logic rejected), as the legacy loop has them."""
+
+    def round_done(self, server_round: int) -> None:
+        """Called once a round (training and evaluation) is over."""
+
+    # ---------------------------------------------------------------- nodes and arrays
+    def manager(self, grid: Grid) -> GridClientManager:
+        """The client manager over ``grid``'s nodes, refreshed now."""
+        if self._manager is None or self._manager.grid is not grid:
+            self._manager = GridClientManager(grid, lambda: self.wire_names)
+        self._manager.refresh()
+        return self._manager
+
+    def _first_answer(self, manager: GridClientManager, ask: Callable[[MessageNode], Any], what: str) -> Any:
+        """``ask(node)`` of the first node (in node-id order) that answers."""
+        self.logic.wait_for_clients(manager)
+        errors = []
+        for _, proxy in sorted(manager.all().items()):
+            node = manager.node(int(proxy.cid))
+            try:
+                return ask(node)
+            except Exception as err:  # an error reply, no reply, a malformed one
+                log(WARNING, "node %d did not answer the %s query: %s", node.node_id, what, err)
+                errors.append(f"node {node.node_id}: {err}")
+        raise RuntimeError(f"no node answered the {what} query: " + "; ".join(errors))
+
+    def wire_layout(self, manager: GridClientManager) -> Layout:
+        """The clients' wire layout, asked of one node (and its names kept for naming arrays)."""
+        timeout = self.logic.exchange_timeout(self.logic.wait_timeout)
+        answer = self._first_answer(
+            manager, lambda node: node.get_properties(GetPropertiesIns(dict(WIRE_LAYOUT_QUERY)), timeout, None).properties, "wire-layout"
+        )
+        layout = parse_layout(dict(answer))
+        self.wire_names = [user_name(name) for name, _ in layout]
+        return layout
+
+    def initial_parameters(self, manager: GridClientManager) -> Parameters:
+        """The logic's initial arrays, or one node's (the legacy server's order)."""
+        initial = self.logic.initialize_parameters(manager)
+        if initial is not None:
+            return initial
+        log(INFO, "asking one node for the initial global arrays")
+        timeout = self.logic.exchange_timeout(self.logic.wait_timeout)
+        record: ArrayRecord = self._first_answer(manager, lambda node: node.initial_arrays({}, timeout), "parameters")
+        if not is_positional(record):
+            self.wire_names = list(record.keys())
+        return ndarrays_to_parameters(messages.unpack_arrays(record))
+
+    def parameters_of(self, arrays: ArrayRecord, manager: GridClientManager) -> Parameters:
+        """``arrays`` (what Flower's loop passes) as the logic's global Parameters."""
+        if arrays is self._returned and self._parameters is not None:
+            return self._parameters
+        if len(arrays) == 0:
+            parameters = self._parameters if self._parameters is not None else self.initial_parameters(manager)
+        else:
+            ordered = record_arrays(arrays, self.wire_names)
+            if ordered is None:
+                ordered = select_wire_arrays(arrays, self.wire_layout(manager))
+            parameters = ndarrays_to_parameters(ordered)
+        self._parameters = parameters
+        return parameters
+
+    def record(self, parameters: Parameters) -> ArrayRecord:
+        """``parameters`` as the ArrayRecord handed back to Flower's loop (named when known)."""
+        self._returned = messages.pack_arrays(parameters_to_ndarrays(parameters), self.wire_names)
+        return self._returned
+
+    # ---------------------------------------------------------------- Message-API steps
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        manager = self.manager(grid)
+        parameters = self.parameters_of(arrays, manager)
+        if not self._started:  # the legacy loop evaluates the initial arrays before round 1
+            self._started = True
+            self.logic.evaluate(0, parameters)
+        instructions = self.logic.configure_fit(server_round, parameters, manager)
+        return self._send(TRAIN, server_round, instructions, config)
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        out: tuple[ArrayRecord | None, MetricRecord | None] = (None, None)
+        pending = self._pending.pop(TRAIN, None)
+        if pending is not None:  # the legacy loop aggregates nothing where it sent nothing
+            results, failures = self._collect(pending, replies, TRAIN, MessageNode.fit_res)
+            parameters, metrics = self.logic.aggregate_fit(server_round, results, failures)
+            self.phase_done(server_round, "fit", results, failures)
+            if parameters is not None:
+                self._parameters = parameters
+            out = (None if parameters is None else self.record(parameters), numeric_record(metrics))
+        if self._parameters is not None:  # the legacy loop's server-side evaluation of the round
+            self.logic.evaluate(server_round, self._parameters)
+        return out
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        manager = self.manager(grid)
+        instructions = self.logic.configure_evaluate(server_round, self.parameters_of(arrays, manager), manager)
+        return self._send(EVALUATE, server_round, instructions, config)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        out = None
+        pending = self._pending.pop(EVALUATE, None)
+        if pending is not None:
+            results, failures = self._collect(pending, replies, EVALUATE, MessageNode.evaluate_res)
+            _, metrics = self.logic.aggregate_evaluate(server_round, results, failures)
+            self.phase_done(server_round, "evaluate", results, failures)
+            out = numeric_record(metrics)
+        self.round_done(server_round)
+        return out
+
+    def summary(self) -> None:
+        logic = self.logic
+        log(INFO, "\t├── flwr_pfl round logic: %s (%s)", type(logic).__name__, logic.name)
+        log(INFO, "\t├── clients: %d, fraction fit %s, fraction evaluate %s, min available %d",
+            logic.num_clients, logic.fraction_fit, logic.fraction_evaluate, logic.min_available_clients)
+        log(INFO, "\t└── seed %s, round timeout %s", logic.seed, logic.round_timeout)
+
+    # ---------------------------------------------------------------- translation
+    def _send(self, phase: str, server_round: int, instructions: Sequence[tuple[ClientProxy, Any]], config: ConfigRecord) -> list[Message]:
+        """One Message per (node, instruction); remembers whom it asked."""
+        if not instructions:
+            return []
+        user = dict(config)
+        timeout = self.logic.round_timeout
+        assert self._manager is not None
+        pending: dict[int, MessageNode] = {}
+        out = []
+        for proxy, ins in instructions:
+            node = proxy if isinstance(proxy, MessageNode) else self._manager.node(int(proxy.cid))
+            build = node.train_message if phase == TRAIN else node.evaluate_message
+            out.append(build(ins, timeout, server_round, user))
+            pending[node.node_id] = node
+        self._pending[phase] = pending
+        return out
+
+    def _collect(
+        self, pending: dict[int, MessageNode], replies: Iterable[Message], phase: str, read: Callable[[MessageNode, Any], Res]
+    ) -> tuple[list[tuple[ClientProxy, Res]], Failures]:
+        """The replies as the legacy loop's (results, failures): an error reply, malformed
+        content, or no reply from a node asked is a failure; a reply from a node not asked is
+        ignored (logged)."""
+        results: list[tuple[ClientProxy, Res]] = []
+        failures: Failures = []
+        answered: set[int] = set()
+        for reply in replies:
+            node_id = reply.metadata.src_node_id
+            node = pending.get(node_id)
+            if node is None or node_id in answered:
+                log(WARNING, "a %s reply from node %d, which was not asked (or answered twice): ignored", phase, node_id)
+                continue
+            answered.add(node_id)
+            try:
+                results.append((node, read(node, reply_content(reply, node_id, phase))))
+            except Exception as err:  # noqa: BLE001 - an error reply or malformed content: a failure
+                failures.append(err)
+        failures += [NodeFailure(f"node {node_id}: no {phase!r} reply in time (timed out, or the node left)")
+                     for node_id in pending if node_id not in answered]
+        return results, failures
+
+
+def numeric_record(metrics: dict[str, Any]) -> MetricRecord:
+    """The numeric entries of ``metrics`` (no booleans, strings or None) as a MetricRecord."""
+    return MetricRecord({k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
