@@ -1,5 +1,6 @@
 """Shared pieces of the benchmark scripts in this folder: fresh-process runs, `flwr run` through
-the launcher, process-tree memory, round times from a run's ``timings.json``, the machine.
+the launcher, process-tree memory, the plain-PyTorch floor, round times from a run's
+``timings.json``, the machine.
 
 Every measured configuration runs in a process of its own, so that its peak memory is its own
 (nothing left over from a configuration measured before) and caches start cold.
@@ -7,10 +8,12 @@ Every measured configuration runs in a process of its own, so that its peak memo
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import threading
@@ -75,6 +78,54 @@ def machine() -> dict[str, Any]:
         "torch": torch.__version__,
         "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
     }
+
+
+def fresh_run(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` after removing the results a previous benchmark left under its ``output-dir``
+    and ``run-name`` (the app refuses to overwrite a run's results)."""
+    shutil.rmtree(Path(config["output-dir"]) / config["run-name"], ignore_errors=True)
+    return config
+
+
+# ------------------------------------------------------------------------------ the floor
+def floor_rounds(config: dict[str, Any], device: str) -> list[tuple[float, float]]:
+    """FedAvg's computation as a plain PyTorch loop (no Flower, no messages): every round sets
+    the global weights, trains each client in turn, reads its weights back, averages them
+    weighted by training-set size and evaluates every client with the average.
+
+    The data, model, optimizer and train/evaluate functions are the ones the clients use, from
+    ``config`` (an experiment's run config). The clients' data is loaded and the model built
+    before the clock starts, and the peak-memory counter is reset there. Returns the wall and
+    CPU clocks (``perf_counter``, ``process_time``) at the start and at the end of every round,
+    so a caller can average whichever rounds it compares."""
+    from flwr_pfl.app.config import parse_experiment
+    from flwr_pfl.core.aggregation import weighted_average
+    from flwr_pfl.data.federated import load_client_data
+    from flwr_pfl.models import build_model
+    from flwr_pfl.training import evaluate, get_arrays, resolve_device, seed_everything, set_arrays, train
+
+    experiment = parse_experiment(config)
+    run, torch_device = experiment.run, resolve_device(device)
+    clients = [load_client_data(experiment.data, pid, run.num_clients) for pid in range(run.num_clients)]
+    seed_everything(run.seed)
+    model = build_model(run.model, clients[0].input_shape, clients[0].num_outputs)
+    reset_peak_memory()
+    ends = [(time.perf_counter(), time.process_time())]
+    global_arrays = get_arrays(model)
+    for _ in range(run.num_server_rounds):
+        updates, sizes = [], []
+        for data in clients:
+            set_arrays(model, global_arrays)
+            train(model, data.train.loader(run.batch_size, shuffle=True),
+                  optimizer=run.optimizer_config(), device=torch_device, epochs=run.local_epochs)
+            updates.append(get_arrays(model))
+            sizes.append(len(data.train))
+        global_arrays = weighted_average(updates, sizes)
+        set_arrays(model, global_arrays)
+        for data in clients:
+            evaluate(model, data.test, device=torch_device)
+        ends.append((time.perf_counter(), time.process_time()))
+    return ends
 
 
 # ------------------------------------------------------------------------------ child processes
@@ -172,6 +223,8 @@ def _rss_and_peak_mb(pid: int) -> tuple[float, float]:
 PHASE_MARKS = (
     ("superlink", "Using SuperLink"),
     ("simulation", "Starting Flower Simulation"),
+    ("serverapp", "Starting Flower ServerApp"),
+    ("first_reply", "Received initial parameters"),
     ("first_round", "[ROUND 1]"),
     ("summary", "[SUMMARY]"),
     ("status", "run status:"),
@@ -226,6 +279,30 @@ def launch(run_config: dict[str, Any], flwr_home: Path, port: int, timeout: floa
 
 
 # ------------------------------------------------------------------------------ results
+class RoundClock:
+    """Wall and CPU time at the end of every round, from the results writer's callback."""
+
+    def __init__(self) -> None:
+        self.ends: dict[int, tuple[float, float]] = {}
+        from flwr_pfl.app import results
+
+        original = results.ResultsWriter.on_round
+
+        @functools.wraps(original)
+        def on_round(writer, server_round, phase, metrics, clients):
+            original(writer, server_round, phase, metrics, clients)
+            self.ends[server_round] = (time.perf_counter(), time.process_time())
+
+        results.ResultsWriter.on_round = on_round
+
+    def steady(self, last: int | None = None) -> tuple[float, float]:
+        """Mean wall and CPU seconds of rounds 2..``last`` (default: the last round)."""
+        rounds = [r for r in sorted(self.ends) if last is None or r <= last]
+        walls = [self.ends[b][0] - self.ends[a][0] for a, b in zip(rounds, rounds[1:])]
+        cpus = [self.ends[b][1] - self.ends[a][1] for a, b in zip(rounds, rounds[1:])]
+        return mean(walls), mean(cpus)
+
+
 def round_times(run_dir: Path) -> dict[str, Any]:
     """Per-round wall times and server aggregation times from a run's ``timings.json``.
 
@@ -242,6 +319,18 @@ def round_times(run_dir: Path) -> dict[str, Any]:
         previous = ends[k]
     aggregate = [r.get("aggregate_seconds", 0.0) for r in rows if r["phase"] == "fit"]
     return {"rounds": rounds, "aggregate": aggregate}
+
+
+def portable(value: Any) -> Any:
+    """``value`` with this checkout's and the home directory's paths written relative to them
+    (``docs/...``, ``~/...``), so that results files name no machine's folders."""
+    if isinstance(value, str):
+        return value.replace(str(REPO_ROOT) + os.sep, "").replace(str(REPO_ROOT), ".").replace(str(Path.home()), "~")
+    if isinstance(value, dict):
+        return {k: portable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [portable(v) for v in value]
+    return value
 
 
 def mean(values: Sequence[float]) -> float:

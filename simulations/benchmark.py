@@ -25,24 +25,20 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from bench_common import machine, peak_memory_mb, report, reset_peak_memory, run_child
+from bench_common import floor_rounds, fresh_run, machine, peak_memory_mb, portable, report, reset_peak_memory, run_child
 
 from flwr_pfl.app.client_app import app as client_app
 from flwr_pfl.app.config import parse_experiment
 from flwr_pfl.app.inprocess import run_inprocess
 from flwr_pfl.app.overrides import parse_overrides
 from flwr_pfl.app.server_app import app as server_app
-from flwr_pfl.core.aggregation import weighted_average
 from flwr_pfl.data.federated import load_client_data
-from flwr_pfl.models import build_model
-from flwr_pfl.training import evaluate, get_arrays, resolve_device, seed_everything, set_arrays, train
 
 DEFAULT_ALGORITHMS = ["fedavg", "local", "finetune", "fedrep", "fedper"]
 
@@ -66,10 +62,9 @@ def workload(args: argparse.Namespace, algorithm: str) -> dict[str, Any]:
 
 def measure_algorithm(args: argparse.Namespace, algorithm: str) -> dict[str, float]:
     """Run one algorithm through Flower in-process and summarise its costs per round."""
-    shutil.rmtree(args.out / "runs" / algorithm, ignore_errors=True)  # the previous benchmark's run
     reset_peak_memory()
     start = time.perf_counter()
-    grid = run_inprocess(server_app, client_app, args.clients, workload(args, algorithm))
+    grid = run_inprocess(server_app, client_app, args.clients, fresh_run(workload(args, algorithm)))
     wall = time.perf_counter() - start
     run = args.out / "runs" / algorithm
     rows = json.loads((run / "metrics.json").read_text())
@@ -91,28 +86,9 @@ def measure_algorithm(args: argparse.Namespace, algorithm: str) -> dict[str, flo
 
 
 def measure_floor(args: argparse.Namespace) -> dict[str, float]:
-    """FedAvg's computation as a plain loop: train each client in turn, average, evaluate."""
-    experiment = parse_experiment(workload(args, "fedavg"))
-    device = resolve_device(args.device)
-    clients = [load_client_data(experiment.data, pid, args.clients) for pid in range(args.clients)]
-    seed_everything(experiment.run.seed)
-    model = build_model(args.model, clients[0].input_shape, clients[0].num_outputs)
-    reset_peak_memory()
-    start = time.perf_counter()
-    global_arrays = get_arrays(model)
-    for _ in range(args.rounds):
-        updates, sizes = [], []
-        for data in clients:
-            set_arrays(model, global_arrays)
-            train(model, data.train.loader(experiment.run.batch_size, shuffle=True),
-                  optimizer=experiment.run.optimizer_config(), device=device, epochs=experiment.run.local_epochs)
-            updates.append(get_arrays(model))
-            sizes.append(len(data.train))
-        global_arrays = weighted_average(updates, sizes)
-        set_arrays(model, global_arrays)
-        for data in clients:
-            evaluate(model, data.test, device=device)
-    return {"round_seconds": (time.perf_counter() - start) / args.rounds, "peak_memory_mb": peak_memory_mb()}
+    """FedAvg's computation as a plain loop (:func:`bench_common.floor_rounds`), all rounds."""
+    ends = floor_rounds(workload(args, "fedavg"), args.device)
+    return {"round_seconds": (ends[-1][0] - ends[0][0]) / args.rounds, "peak_memory_mb": peak_memory_mb()}
 
 
 COLUMNS = [
@@ -199,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
         "fedavg_round_vs_floor": results["fedavg"]["round_seconds"] / floor["round_seconds"] if "fedavg" in results else None,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "benchmark.json").write_text(json.dumps(summary, indent=2))
+    (args.out / "benchmark.json").write_text(json.dumps(portable(summary), indent=2))
     md = table(results, floor)
     (args.out / "benchmark.md").write_text(md + "\n")
     print(md)

@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from bench_common import (
-    fmt, launch, machine, markdown_table, mean, peak_memory_mb, report, reset_peak_memory, round_times, run_child,
+    RoundClock, floor_rounds, fmt, fresh_run, launch, machine, markdown_table, mean, peak_memory_mb, portable, report, round_times,
+    run_child,
 )
 
 
@@ -52,30 +53,6 @@ def workload(clients: int, rounds: int, data_dir: str, out: Path, name: str) -> 
 
 
 # ------------------------------------------------------------------------------ children
-class RoundClock:
-    """Wall and CPU time at the end of every round, from the results writer's callback."""
-
-    def __init__(self) -> None:
-        self.ends: dict[int, tuple[float, float]] = {}
-        from flwr_pfl.app import results
-
-        original = results.ResultsWriter.on_round
-
-        @functools.wraps(original)
-        def on_round(writer, server_round, phase, metrics, clients):
-            original(writer, server_round, phase, metrics, clients)
-            self.ends[server_round] = (time.perf_counter(), time.process_time())
-
-        results.ResultsWriter.on_round = on_round
-
-    def steady(self) -> tuple[float, float]:
-        """Mean wall and CPU seconds of rounds 2..R."""
-        rounds = sorted(self.ends)
-        walls = [self.ends[b][0] - self.ends[a][0] for a, b in zip(rounds, rounds[1:])]
-        cpus = [self.ends[b][1] - self.ends[a][1] for a, b in zip(rounds, rounds[1:])]
-        return mean(walls), mean(cpus)
-
-
 def child_inprocess(config: dict[str, Any]) -> None:
     import torch
 
@@ -94,33 +71,7 @@ def child_floor(config: dict[str, Any]) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from flwr_pfl.app.config import parse_experiment
-    from flwr_pfl.core.aggregation import weighted_average
-    from flwr_pfl.data.federated import load_client_data
-    from flwr_pfl.models import build_model
-    from flwr_pfl.training import evaluate, get_arrays, resolve_device, seed_everything, set_arrays, train
-
-    experiment = parse_experiment(config)
-    k, device = experiment.run.num_clients, resolve_device("cpu")
-    clients = [load_client_data(experiment.data, pid, k) for pid in range(k)]
-    seed_everything(experiment.run.seed)
-    model = build_model(experiment.run.model, clients[0].input_shape, clients[0].num_outputs)
-    reset_peak_memory()
-    global_arrays = get_arrays(model)
-    ends = [(time.perf_counter(), time.process_time())]
-    for _ in range(experiment.run.num_server_rounds):
-        updates, sizes = [], []
-        for data in clients:
-            set_arrays(model, global_arrays)
-            train(model, data.train.loader(experiment.run.batch_size, shuffle=True),
-                  optimizer=experiment.run.optimizer_config(), device=device, epochs=experiment.run.local_epochs)
-            updates.append(get_arrays(model))
-            sizes.append(len(data.train))
-        global_arrays = weighted_average(updates, sizes)
-        set_arrays(model, global_arrays)
-        for data in clients:
-            evaluate(model, data.test, device=device)
-        ends.append((time.perf_counter(), time.process_time()))
+    ends = floor_rounds(config, "cpu")
     rounds = list(zip(ends, ends[1:]))[1:]  # rounds 2..R, as for the engines
     report({"round_seconds": mean([b[0] - a[0] for a, b in rounds]),
             "round_cpu_seconds": mean([b[1] - a[1] for a, b in rounds]), "peak_memory_mb": peak_memory_mb()})
@@ -156,7 +107,7 @@ def child_breakdown(config: dict[str, Any]) -> None:
 
     # a first round builds every client's data; the clocks start on the second run's rounds
     k = config["num-clients"]
-    inprocess.run_inprocess(server_app, app_module.app, k, config | {"num-server-rounds": 1, "run-name": "warm-up"})
+    inprocess.run_inprocess(server_app, app_module.app, k, fresh_run(config | {"num-server-rounds": 1, "run-name": "warm-up"}))
     clock(inprocess.InProcessGrid, "_push", "client: all")
     clock(app_module, "build_client", "client: build (config, data, model from the cache)")
     clock(client_base, "train", "client: training (floor work)")
@@ -191,11 +142,12 @@ def child_breakdown(config: dict[str, Any]) -> None:
 # ------------------------------------------------------------------------------ parent
 def measure(args: argparse.Namespace, engine: str, clients: int, repeat: int) -> dict[str, Any]:
     name = f"{engine}-{clients}-{repeat}"
-    config = workload(clients, args.rounds, args.data_dir, args.out / "runs", name)
+    config = fresh_run(workload(clients, args.rounds, args.data_dir, args.out / "runs", name))
     if engine in ("floor", "inprocess", "breakdown"):
         return run_child([str(Path(__file__).resolve()), "--child", engine, "--config", json.dumps(config)], args.timeout)
     workers = int(engine.split("-w")[1]) if "-w" in engine else 0
-    result = launch(config | {"server-workers": workers}, args.out / "runs" / "flwr-home-overhead", args.port, args.timeout)
+    result = launch(config | ({"server-workers": workers} if workers else {}), args.out / "runs" / "flwr-home-overhead" / name,
+                    args.port, args.timeout)
     if result["status"] == "ok":
         steady = round_times(args.out / "runs" / name)["rounds"][1:]
         result["round_seconds"] = mean(steady)
@@ -280,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
                    "summary": {e: {str(k): v for k, v in by_k.items()} for e, by_k in summary.items()},
                    "breakdown": breakdown, "runs": {e: {str(k): v for k, v in by_k.items()} for e, by_k in results.items()}}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "overhead.json").write_text(json.dumps(report_data, indent=1))
+    (args.out / "overhead.json").write_text(json.dumps(portable(report_data), indent=1))
     text = tables(summary, breakdown, args.breakdown)
     (args.out / "overhead.md").write_text(text + "\n")
     print(text)

@@ -14,7 +14,8 @@ Every configuration (algorithm, K, engine) runs in a fresh process and is writte
 configurations already there (``--force`` measures them again), so a long sweep can be stopped
 and resumed. Reported per configuration:
 
-* round: mean wall time of rounds 2 and 3 (round 1 also starts workers, loads data, asks every
+* round: mean wall time of rounds 2 and 3 (in-process also its CPU time, steadier on a shared
+  machine) (round 1 also starts workers, loads data, asks every
   client for its partition id and, for FEDORA, collects every client's subspace; round 4 is
   pFedFDA's full evaluation);
 * first round and total wall time;
@@ -24,7 +25,8 @@ and resumed. Reported per configuration:
   all the run's processes (SuperLink, simulation process with the ServerApp, Ray and its actors)
   and the simulation process's own peak.
 
-The markdown table also gives, per algorithm and engine, the exponent b of a least-squares fit
+Each round and peak memory is also given as a ratio to FedAvg's at the same K and engine (in-process
+rounds in CPU seconds). The markdown table also gives, per algorithm and engine, the exponent b of a least-squares fit
 of log(time) = a + b log(K) over the measured K >= 100.
 
     python simulations/benchmark_scale.py --clients 10 100 1000 5000 \\
@@ -45,7 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from bench_common import (
-    fmt, launch, loglog_slope, machine, markdown_table, mean, peak_memory_mb, report, round_times, run_child,
+    RoundClock, fmt, fresh_run, launch, loglog_slope, machine, markdown_table, mean, peak_memory_mb, portable, report, round_times,
+    run_child,
 )
 
 ROUNDS = 4
@@ -72,17 +75,19 @@ def child_inprocess(config: dict[str, Any]) -> None:
     from flwr_pfl.app.inprocess import run_inprocess
     from flwr_pfl.app.server_app import app as server_app
 
+    clock = RoundClock()
     run_inprocess(server_app, client_app, config["num-clients"], config)
-    report({"peak_memory_mb": peak_memory_mb()})
+    report({"peak_memory_mb": peak_memory_mb(), "round_cpu_seconds": clock.steady(last=STEADY.stop)[1]})
 
 
 def measure(args: argparse.Namespace, engine: str, algorithm: str, clients: int) -> dict[str, Any]:
     name = f"{engine}-{algorithm}-{clients}"
-    config = workload(algorithm, clients, args.data_dir, args.out / "runs" / "scale", name, args.device)
+    config = fresh_run(workload(algorithm, clients, args.data_dir, args.out / "runs" / "scale", name, args.device))
     if engine == "inprocess":
         result = run_child([str(Path(__file__).resolve()), "--child", "--config", json.dumps(config)], args.timeout)
     else:
-        result = launch(config, args.out / "runs" / "flwr-home-scale", args.port, args.timeout, ["--gpus", str(args.gpus)])
+        # a Flower home of its own: the memory sampler finds this run's processes by it
+        result = launch(config, args.out / "runs" / "flwr-home-scale" / name, args.port, args.timeout, ["--gpus", str(args.gpus)])
         result["peak_memory_mb"] = result.pop("peak_total_mb", float("nan"))
     if result["status"] == "ok":
         times = round_times(args.out / "runs" / "scale" / name)
@@ -99,20 +104,40 @@ def load_results(folder: Path) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
 
 
+def steady_round(result: dict[str, Any]) -> float:
+    """A configuration's round for comparisons: CPU seconds where measured (in-process; steadier
+    on a shared machine), else wall seconds."""
+    return result.get("round_cpu_seconds", result.get("round_seconds", float("nan")))
+
+
+def versus(result: dict[str, Any], base: dict[str, Any] | None, key: Any) -> str:
+    """``result``'s figure as a ratio to FedAvg's at the same K and engine ("" without one)."""
+    if base is None or result["status"] != "ok" or base["status"] != "ok":
+        return ""
+    return fmt(key(result) / key(base), 2)
+
+
 def table(results: list[dict[str, Any]]) -> str:
     rows = []
     order = {"fedavg": 0, "pfedfda": 1, "fedora": 2, "fedrep": 3}
+    fedavg = {(r["engine"], r["clients"]): r for r in results if r["algorithm"] == "fedavg"}
     for r in sorted(results, key=lambda r: (order.get(r["algorithm"], 9), r["algorithm"], r["engine"], r["clients"])):
         ok = r["status"] == "ok"
+        base = fedavg.get((r["engine"], r["clients"]))
         rows.append([
             r["algorithm"], r["engine"], r["clients"], max(1, r["clients"] // 10),
-            fmt(r.get("round_seconds")) if ok else r["status"], fmt(r.get("first_round_seconds")) if ok else "",
+            fmt(r.get("round_seconds")) if ok else r["status"], fmt(r.get("round_cpu_seconds")) if ok else "",
+            versus(r, base, steady_round),
+            fmt(r.get("first_round_seconds")) if ok else "",
             fmt(r.get("wall_seconds")), fmt(r.get("server_seconds")) if ok else "",
-            fmt(r.get("peak_memory_mb")) if ok else "", fmt(r.get("server_peak_mb")) if ok else "",
+            fmt(r.get("peak_memory_mb")) if ok else "", versus(r, base, lambda x: x["peak_memory_mb"]),
+            fmt(r.get("server_peak_mb")) if ok else "",
         ])
     text = markdown_table(
-        ["algorithm", "engine", "K", "sampled", "round (s)", "first round (s)", "total (s)", "server (s)",
-         "peak memory (MiB)", "ServerApp process peak (MiB)"], rows)
+        ["algorithm", "engine", "K", "sampled", "round (s)", "round CPU (s)", "round vs FedAvg", "first round (s)",
+         "total (s)", "server (s)", "peak memory (MiB)", "peak memory vs FedAvg", "ServerApp process peak (MiB)"], rows)
+    text += ("\n\n\"vs FedAvg\": against FedAvg at the same K and engine, each measured in a fresh process "
+             "(round: CPU seconds in-process, wall seconds under `flwr run`).")
     slopes = []
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in results:
@@ -122,10 +147,12 @@ def table(results: list[dict[str, Any]]) -> str:
         ks = [r["clients"] for r in rs]
         slopes.append([algorithm, engine, ", ".join(str(k) for k in sorted(ks)),
                        fmt(loglog_slope(ks, [r["round_seconds"] for r in rs]), 2),
+                       fmt(loglog_slope(ks, [r.get("round_cpu_seconds", float("nan")) for r in rs]), 2),
                        fmt(loglog_slope(ks, [r["server_seconds"] for r in rs]), 2),
                        fmt(loglog_slope(ks, [r["peak_memory_mb"] for r in rs]), 2)])
     text += ("\n\nGrowth with K (exponent b of time ~ K^b, least squares on log-log over K >= 100; "
-             "1 = linear):\n\n" + markdown_table(["algorithm", "engine", "K measured", "round", "server", "peak memory"], slopes))
+             "1 = linear):\n\n" + markdown_table(["algorithm", "engine", "K measured", "round", "round CPU", "server", "peak memory"],
+                                                  slopes))
     return text
 
 
@@ -159,12 +186,13 @@ def main(argv: list[str] | None = None) -> None:
                     path = folder / f"{engine}-{algorithm}-{clients}.json"
                     if path.exists() and not args.force:
                         continue
-                    result = measure(args, engine, algorithm, clients) | {"machine": machine()}
-                    path.write_text(json.dumps(result, indent=1))
+                    where = machine()  # before the run, so that its load average is the one the run started under
+                    result = measure(args, engine, algorithm, clients) | {"machine": where}
+                    path.write_text(json.dumps(portable(result), indent=1))
                     print(f"{engine} {algorithm} K={clients}: {result['status']} round {fmt(result.get('round_seconds'))} s, "
                           f"total {fmt(result.get('wall_seconds'))} s", flush=True)
     results = load_results(folder)
-    (args.out / f"scale{args.tag}.json").write_text(json.dumps(results, indent=1))
+    (args.out / f"scale{args.tag}.json").write_text(json.dumps(portable(results), indent=1))
     text = table(results)
     (args.out / f"scale{args.tag}.md").write_text(text + "\n")
     print(text)

@@ -32,9 +32,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_common import REPO_ROOT, fmt, launch, machine, markdown_table, run_timed
+from bench_common import REPO_ROOT, fmt, fresh_run, launch, machine, markdown_table, portable, run_timed
 
 PHASES = ("start-up", "rounds", "teardown", "total")
+#: points of the start-up, in order: (mark, what happened by then)
+STEPS = (
+    ("superlink", "SuperLink up (launcher, `flwr run`, local SuperLink)"),
+    ("simulation", "simulation process up (the run submitted, its process started)"),
+    ("serverapp", "ServerApp running (Ray starting, the app's server side imported)"),
+    ("first_reply", "first client's reply (Ray actors started, the client imported, data, model)"),
+)
 
 
 def default_config(out: Path, name: str) -> dict[str, Any]:
@@ -89,11 +96,11 @@ def main(argv: list[str] | None = None) -> None:
     runs_dir = args.out / "runs" / "startup"
     runs: dict[str, list[dict[str, Any]]] = {"inprocess": [], "flwr": []}
     for repeat in range(args.repeats):
-        config = default_config(runs_dir, f"inprocess-{repeat}")
+        config = fresh_run(default_config(runs_dir, f"inprocess-{repeat}"))
         command = [sys.executable, "-u", str(Path(__file__).resolve()), "--child", "--config", json.dumps(config)]
         result = run_timed(command, f"inprocess-{repeat}", args.timeout)
         runs["inprocess"].append(result | {"phases": phases(result)})
-        config = default_config(runs_dir, f"flwr-{repeat}")
+        config = fresh_run(default_config(runs_dir, f"flwr-{repeat}"))
         result = launch({k: config[k] for k in ("output-dir", "run-name")}, args.out / "runs" / "flwr-home-startup", args.port, args.timeout)
         runs["flwr"].append(result | {"phases": phases(result)})
         for engine in runs:
@@ -105,16 +112,20 @@ def main(argv: list[str] | None = None) -> None:
         fab = fab_walks(Path(staging))
     rows = [[p, fmt(best["inprocess"][p]), fmt(best["flwr"][p]), fmt(best["flwr"][p] / best["inprocess"][p]),
              fmt(median["inprocess"][p]), fmt(median["flwr"][p])] for p in PHASES]
+    steps = [[label] + [fmt(statistics.median(r["marks"].get(mark, float("nan")) for r in runs[e] if r["status"] == "ok"))
+                        for e in ("inprocess", "flwr")] for mark, label in STEPS]
     text = (f"The default experiment end to end, fastest of {args.repeats} alternating repeats (seconds):\n\n"
             + markdown_table(["phase", "in-process", "flwr run", "flwr run / in-process", "in-process (median)",
                               "flwr run (median)"], rows)
             + f"\n\nflwr run's start-up + teardown: {fmt(best['flwr']['start-up'] + best['flwr']['teardown'])} s "
-            + f"(fastest repeat of each).\n\nFlower's bundle build (the walk `flwr run` does over the app directory):\n\n"
+            + "(fastest repeat of each).\n\nStart-up, step by step (seconds after the command, median of the repeats):\n\n"
+            + markdown_table(["by then", "in-process", "flwr run"], steps)
+            + "\n\nFlower's bundle build (the walk `flwr run` does over the app directory):\n\n"
             + markdown_table(["app directory", "files walked", "build (s)", "bundle (KiB)"],
                              [[name, v["files_walked"], fmt(v["seconds"]), fmt(v["fab_bytes"] / 1024)] for name, v in fab.items()]))
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "startup.json").write_text(json.dumps({"machine": machine(), "repeats": args.repeats, "best": best,
-                                                      "median": median, "fab": fab, "runs": runs}, indent=1))
+    (args.out / "startup.json").write_text(json.dumps(portable({"machine": machine(), "repeats": args.repeats, "best": best,
+                                                               "median": median, "fab": fab, "runs": runs}), indent=1))
     (args.out / "startup.md").write_text(text + "\n")
     print(text)
 
