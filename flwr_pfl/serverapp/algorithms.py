@@ -45,10 +45,16 @@ def legacy_arguments(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def message_flavour(logic_class: type[PFLStrategy]) -> type[PFLMessageStrategy]:
     """The Message-API class of ``logic_class``: same name, same constructor arguments (and
-    Flower's Message-API names for FedAvg's, :data:`MESSAGE_API_NAMES`)."""
+    Flower's Message-API names for FedAvg's, :data:`MESSAGE_API_NAMES`); ``num_clients`` may be
+    left out, as Flower's strategies have none: ``start`` then learns it from the grid."""
 
     def __init__(self: PFLMessageStrategy, *args: Any, **kwargs: Any) -> None:
-        PFLMessageStrategy.__init__(self, logic_class(*args, **legacy_arguments(kwargs)))
+        kwargs = legacy_arguments(kwargs)
+        if "num_clients" in kwargs:
+            PFLMessageStrategy.__init__(self, logic_class(*args, **kwargs))
+        else:  # as Flower's strategies: the federation's size is learned from the grid at start()
+            logic_class(*args, num_clients=1, **kwargs)  # the arguments are checked now, not at start()
+            PFLMessageStrategy.__init__(self, build=lambda num_clients: logic_class(*args, num_clients=num_clients, **kwargs))
 
     __init__.__signature__ = inspect.signature(logic_class.__init__)  # type: ignore[attr-defined]
     __init__.__doc__ = f"Build ``flwr_pfl.strategies.{logic_class.__name__}(*args, **kwargs)`` and drive it."

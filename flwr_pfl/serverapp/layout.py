@@ -14,12 +14,12 @@ client, its keys gaining a ``module.`` prefix: :meth:`~flwr_pfl.models.split.Hea
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 from flwr.app import ArrayRecord
 
-from flwr_pfl.clients.base import WIRE_LAYOUT
+from flwr_pfl.clients.base import EXTRA_SEPARATOR, WIRE_LAYOUT
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.messages import unpack_arrays
 from flwr_pfl.models.split import HeadSplit
@@ -58,16 +58,30 @@ def _find(record: ArrayRecord, name: str) -> str | None:
     return next((key for key in (name, user_name(name)) if key in record), None)
 
 
-def select_wire_arrays(record: ArrayRecord, layout: Layout) -> list[np.ndarray]:
-    """The arrays of ``layout``, taken from ``record`` by name, in wire order.
+def is_algorithm_array(name: str) -> bool:
+    """Whether wire array ``name`` is an algorithm's own (``<algorithm>:<what>``, e.g. pFedFDA's
+    class means), not a model tensor: a model's ``state_dict`` does not have it."""
+    return EXTRA_SEPARATOR in name
+
+
+def select_wire_arrays(
+    record: ArrayRecord, layout: Layout, algorithm_arrays: Callable[[], Mapping[str, np.ndarray]] | None = None
+) -> list[np.ndarray]:
+    """The arrays of ``layout``, taken from ``record`` by name, in wire order; the algorithm's
+    own arrays that ``record`` lacks (:func:`is_algorithm_array`) from ``algorithm_arrays()``
+    when given (one client's initial arrays, by name: the legacy server starts from those).
 
     Raises:
-        ConfigError: ``record`` lacks some of the layout's names (naming those and the names
-            it has that the wire does not carry), or an array's shape is not the wire's.
+        ConfigError: ``record`` lacks some of the layout's model arrays (naming those and the
+            names it has that the wire does not carry), or an array's shape is not the wire's.
     """
     wanted = [user_name(name) for name, _ in layout]
     keys = {name: _find(record, name) for name, _ in layout}
     missing = [user_name(name) for name, key in keys.items() if key is None]
+    filled: Mapping[str, np.ndarray] = {}
+    if missing and algorithm_arrays is not None and all(is_algorithm_array(name) for name in missing):
+        filled = algorithm_arrays()
+        missing = [name for name in missing if name not in filled]
     if missing:
         used = {key for key in keys.values() if key is not None}
         extra = [name for name in record.keys() if name not in used]
@@ -79,7 +93,7 @@ def select_wire_arrays(record: ArrayRecord, layout: Layout) -> list[np.ndarray]:
         )
     arrays = []
     for name, shape in layout:
-        array = record[str(keys[name])].numpy()
+        array = record[str(keys[name])].numpy() if keys[name] is not None else np.asarray(filled[user_name(name)])
         if tuple(array.shape) != shape:
             raise ConfigError(f"initial_arrays[{name!r}] has shape {tuple(array.shape)}; the clients' model has {shape}")
         arrays.append(array)

@@ -30,10 +30,11 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common import EvaluateRes, FitRes, GetPropertiesIns, Parameters, log, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_proxy import ClientProxy
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy import Result, Strategy
 
 from flwr_pfl import messages
-from flwr_pfl.clients.base import WIRE_LAYOUT_QUERY
+from flwr_pfl.app.nodes import wait_for_nodes
+from flwr_pfl.clients.base import FEDERATION_QUERY, NUM_PARTITIONS, WIRE_LAYOUT_QUERY
 from flwr_pfl.serverapp.layout import Layout, is_positional, parse_layout, record_arrays, select_wire_arrays, user_name
 from flwr_pfl.serverapp.nodes import EVALUATE, TRAIN, GridClientManager, MessageNode, NodeFailure, reply_content
 from flwr_pfl.strategies.base import PFLStrategy
@@ -57,10 +58,13 @@ class PFLMessageStrategy(Strategy):
     initial arrays (a ``query.parameters`` message), as the legacy server asks a client.
     """
 
-    def __init__(self, logic: PFLStrategy) -> None:
-        if not isinstance(logic, PFLStrategy):
+    def __init__(self, logic: PFLStrategy | None = None, *, build: Callable[[int], PFLStrategy] | None = None) -> None:
+        if (logic is None) == (build is None):
+            raise TypeError("give the round logic, or build (num_clients -> round logic) to make it at start()")
+        if logic is not None and not isinstance(logic, PFLStrategy):
             raise TypeError(f"logic must be a flwr_pfl PFLStrategy, got {type(logic).__name__}")
-        self.logic = logic
+        self._logic = logic
+        self._build = build
         #: names of the global arrays on the wire (None: unknown; arrays named by position)
         self.wire_names: list[str] | None = None
         self._manager: GridClientManager | None = None
@@ -70,7 +74,59 @@ class PFLMessageStrategy(Strategy):
         self._pending: dict[str, dict[int, MessageNode]] = {}  # phase -> node id -> node asked
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.logic!r})"
+        return f"{type(self).__name__}({self._logic!r})"
+
+    @property
+    def logic(self) -> PFLStrategy:
+        """The round logic (built by :meth:`start` when the strategy was made without ``num_clients``)."""
+        if self._logic is None:
+            raise RuntimeError(
+                f"{type(self).__name__}'s round logic is built by start(), once the federation's size is known; "
+                "give num_clients to build it at once"
+            )
+        return self._logic
+
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    ) -> Result:
+        """Flower's ``start``. A strategy made without ``num_clients`` (as Flower's own are: they
+        sample among the nodes there are) first learns the federation's size from the grid
+        (:meth:`federation_size`) and builds its round logic with it."""
+        if self._logic is None:
+            assert self._build is not None
+            self._logic = self._build(self.federation_size(grid, timeout))
+        return super().start(grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, evaluate_fn)
+
+    def federation_size(self, grid: Grid, timeout: float) -> int:
+        """The number of partitions the nodes say the federation has (their node config's
+        ``num-partitions``, asked of the first node that answers), else the number of nodes
+        connected once the first has.
+
+        Raises:
+            RuntimeError: no node connected within ``timeout`` seconds.
+        """
+        nodes = wait_for_nodes(grid, timeout)
+        for node_id in nodes:
+            try:
+                answer = MessageNode(grid, node_id, lambda: None).get_properties(
+                    GetPropertiesIns(dict(FEDERATION_QUERY)), timeout, None).properties
+            except Exception as err:  # an error reply, no reply, a malformed one
+                log(WARNING, "node %d did not answer the federation-size query: %s", node_id, err)
+                continue
+            size = answer.get(NUM_PARTITIONS)
+            if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+                log(INFO, "the federation has %d partitions (node %d's num-partitions)", size, node_id)
+                return size
+            break
+        log(INFO, "the nodes do not say the federation's size: %d connected nodes are the clients", len(nodes))
+        return len(nodes)
 
     # ---------------------------------------------------------------- hooks for subclasses
     def phase_done(self, server_round: int, phase: str, results: Sequence[tuple[ClientProxy, Any]], failures: Failures) -> None:
@@ -117,11 +173,15 @@ class PFLMessageStrategy(Strategy):
         if initial is not None:
             return initial
         log(INFO, "asking one node for the initial global arrays")
-        timeout = self.logic.exchange_timeout(self.logic.wait_timeout)
-        record: ArrayRecord = self._first_answer(manager, lambda node: node.initial_arrays({}, timeout), "parameters")
+        record = self.node_initial_arrays(manager)
         if not is_positional(record):
             self.wire_names = list(record.keys())
         return ndarrays_to_parameters(messages.unpack_arrays(record))
+
+    def node_initial_arrays(self, manager: GridClientManager) -> ArrayRecord:
+        """One node's initial global arrays (a ``query.parameters`` message), named by its client."""
+        timeout = self.logic.exchange_timeout(self.logic.wait_timeout)
+        return self._first_answer(manager, lambda node: node.initial_arrays({}, timeout), "parameters")
 
     def parameters_of(self, arrays: ArrayRecord, manager: GridClientManager) -> Parameters:
         """``arrays`` (what Flower's loop passes) as the logic's global Parameters."""
@@ -132,7 +192,8 @@ class PFLMessageStrategy(Strategy):
         else:
             ordered = record_arrays(arrays, self.wire_names)
             if ordered is None:
-                ordered = select_wire_arrays(arrays, self.wire_layout(manager))
+                ordered = select_wire_arrays(  # an algorithm's own arrays (pFedFDA's statistics) from a node
+                    arrays, self.wire_layout(manager), lambda: _by_name(self.node_initial_arrays(manager)))
             parameters = ndarrays_to_parameters(ordered)
         self._parameters = parameters
         return parameters
@@ -235,3 +296,7 @@ class PFLMessageStrategy(Strategy):
 def numeric_record(metrics: dict[str, Any]) -> MetricRecord:
     """The numeric entries of ``metrics`` (no booleans, strings or None) as a MetricRecord."""
     return MetricRecord({k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+
+
+def _by_name(record: ArrayRecord) -> dict[str, Any]:
+    return {name: array.numpy() for name, array in record.items()}

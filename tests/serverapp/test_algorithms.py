@@ -32,3 +32,11 @@ def test_flower_message_api_names_reach_the_round_logic() -> None:
 def test_an_argument_under_both_names_is_refused() -> None:
     with pytest.raises(TypeError, match="fraction_train and fraction_fit are one argument"):
         serverapp.FedAvg(num_clients=4, fraction_train=0.5, fraction_fit=0.5)
+
+
+def test_without_num_clients_the_logic_waits_for_start_but_the_arguments_are_checked_now() -> None:
+    strategy = serverapp.FedRep(fraction_train=0.5)
+    with pytest.raises(RuntimeError, match="built by start"):
+        _ = strategy.logic
+    with pytest.raises(ValueError, match="fraction_fit"):
+        serverapp.FedRep(fraction_train=1.5)
