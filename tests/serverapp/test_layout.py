@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord
+from flwr.app import Array, ArrayRecord
 
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.serverapp.layout import select_wire_arrays
@@ -14,8 +14,12 @@ from flwr_pfl.serverapp.layout import select_wire_arrays
 LAYOUT = [("module.fc1.weight", (2, 3)), ("pfedfda:means", (4, 2)), ("module.fc1.bias", (2,))]
 
 
+def record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
+    return ArrayRecord({name: Array(array) for name, array in arrays.items()})
+
+
 def state_dict(**extra: np.ndarray) -> ArrayRecord:
-    return ArrayRecord({"fc1.weight": np.full((2, 3), 1.0), "fc1.bias": np.full(2, 2.0), "fc2.weight": np.zeros(1), **extra})
+    return record({"fc1.weight": np.full((2, 3), 1.0), "fc1.bias": np.full(2, 2.0), "fc2.weight": np.zeros(1), **extra})
 
 
 def test_model_arrays_by_name_and_the_algorithms_own_from_a_node_in_wire_order() -> None:
@@ -34,9 +38,9 @@ def test_model_arrays_by_name_and_the_algorithms_own_from_a_node_in_wire_order()
 
 
 def test_a_missing_model_array_is_refused_and_no_node_is_asked() -> None:
-    record = ArrayRecord({"fc1.weight": np.full((2, 3), 1.0)})
+    partial = record({"fc1.weight": np.full((2, 3), 1.0)})
     with pytest.raises(ConfigError, match=r"lacks .*'fc1\.bias'"):
-        select_wire_arrays(record, LAYOUT, lambda: pytest.fail("a node was asked"))
+        select_wire_arrays(partial, LAYOUT, lambda: pytest.fail("a node was asked"))
 
 
 def test_without_a_node_the_algorithms_arrays_must_be_given() -> None:
