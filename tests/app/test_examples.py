@@ -21,15 +21,21 @@ from flwr_pfl.training import load_arrays
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "quickstart_pytorch"
 
 
+def load_example(monkeypatch, directory: Path, package: str, data_dir: Path):
+    """An example project's ClientApp, ServerApp and run config (with the test's data
+    directory), imported afresh from ``directory``."""
+    monkeypatch.syspath_prepend(str(directory))
+    for name in [m for m in sys.modules if m.startswith(package)]:
+        monkeypatch.delitem(sys.modules, name)
+    client = importlib.import_module(f"{package}.client_app")
+    server = importlib.import_module(f"{package}.server_app")
+    config = tomllib.loads((directory / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    return client.app, server.app, {**config, "data-dir": str(data_dir)}
+
+
 @pytest.fixture
 def example(monkeypatch, data_dir):
-    monkeypatch.syspath_prepend(str(EXAMPLE))
-    for name in [m for m in sys.modules if m.startswith("pytorchexample")]:
-        monkeypatch.delitem(sys.modules, name)
-    client = importlib.import_module("pytorchexample.client_app")
-    server = importlib.import_module("pytorchexample.server_app")
-    config = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-    return client.app, server.app, {**config, "data-dir": str(data_dir)}
+    return load_example(monkeypatch, EXAMPLE, "pytorchexample", data_dir)
 
 
 @pytest.mark.parametrize("algorithm", ["fedrep", "pfedfda", "fedora"])

@@ -4,16 +4,14 @@ run in-process for each; slow: one run under ``flwr run``."""
 
 from __future__ import annotations
 
-import importlib
 import subprocess
-import sys
-import tomllib
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from app.test_examples import load_example
 from flwr_pfl.app import launch
 from flwr_pfl.app.inprocess import run_inprocess
 from flwr_pfl.strategies.base import PFLStrategy
@@ -25,13 +23,7 @@ BODY = ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight"
 
 @pytest.fixture
 def example(monkeypatch, data_dir):
-    monkeypatch.syspath_prepend(str(EXAMPLE))
-    for name in [m for m in sys.modules if m.startswith("messageexample")]:
-        monkeypatch.delitem(sys.modules, name)
-    client = importlib.import_module("messageexample.client_app")
-    server = importlib.import_module("messageexample.server_app")
-    config = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-    return client.app, server.app, {**config, "data-dir": str(data_dir)}
+    return load_example(monkeypatch, EXAMPLE, "messageexample", data_dir)
 
 
 @pytest.mark.parametrize("algorithm", ["fedrep", "pfedfda", "fedora"])
