@@ -75,8 +75,9 @@ def base_config(table: Table, scale: str, column, method) -> dict[str, Any]:
     return default_run_config(overrides)
 
 
-def plan(table: Table, scale: str, seeds: list[int], results: Path) -> list[Run]:
-    """Every run of the table, its configuration checked by the app before anything runs.
+def plan(table: Table, scale: str, seeds: list[int], results: Path, methods: list[str] | None = None) -> list[Run]:
+    """Every run of the table (of ``methods`` only, when given), its configuration checked by
+    the app before anything runs.
 
     Raises:
         flwr_pfl.errors.ConfigError: a method's configuration does not parse or its strategy
@@ -86,15 +87,22 @@ def plan(table: Table, scale: str, seeds: list[int], results: Path) -> list[Run]
 
     if scale not in table.scales:
         raise SystemExit(f"--scale {scale!r}: table {table.name} has scales {sorted(table.scales)}")
+    labels = [m.label for m in table.methods]
+    unknown = sorted(set(methods or ()) - set(labels))
+    if unknown:
+        raise SystemExit(f"--methods: {unknown} not in table {table.name}; its methods: {labels}")
     runs = []
     for column in table.columns:
         for method in table.methods:
+            if methods and method.label not in methods:
+                continue
             out = results / table.name / scale / slug(column.name) / slug(method.label)
             base = base_config(table, scale, column, method)
             configs = run_configs(base, [method.algorithm], seeds, out)[method.algorithm]
             for seed, config in zip(seeds, configs):
                 runs.append(Run(column.name, method.label, seed, config, out.parent / f"{slug(method.label)}-s{seed}.json"))
-    return runs
+    # seed by seed: a table stopped early still has complete paired sets for its first seeds
+    return sorted(runs, key=lambda r: seeds.index(r.seed))
 
 
 def _comparable(config: dict[str, Any]) -> dict[str, Any]:
@@ -225,6 +233,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--scale", choices=("quick", "paper"), default="quick")
     parser.add_argument("--seeds", nargs="+", type=int, help="default: the scale's seeds")
     parser.add_argument("--jobs", type=int, default=1, help="parallel worker processes")
+    parser.add_argument("--methods", nargs="+", help="only these methods (labels); default: all")
     parser.add_argument("--results", type=Path, default=DOCS / "results", help="one JSON per finished run")
     parser.add_argument("--report-only", action="store_true", help="write the page from the finished runs; run nothing")
     parser.add_argument("--list", action="store_true", help="list the tables and their scales")
@@ -238,12 +247,14 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     table = TABLES[args.table]
     seeds = args.seeds or list(table.scales[args.scale].seeds)
-    runs = plan(table, args.scale, seeds, args.results.resolve())
+    runs = plan(table, args.scale, seeds, args.results.resolve(), args.methods)
     if args.report_only:
         results = {r: p for r in runs if (p := finished(r)) is not None}
     else:
         results = run_all(runs, jobs=args.jobs)
     command = f"python simulations/reproduce.py {table.name} --scale {args.scale} --seeds {' '.join(map(str, seeds))}"
+    if args.methods:
+        command += " --methods " + " ".join(f"'{m}'" for m in args.methods)
     print(f"wrote {write_table(table, args.scale, results, command)}")
 
 

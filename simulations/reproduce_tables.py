@@ -97,7 +97,7 @@ exact local least-squares solve (`feddar.head-solver = "lstsq"`), 5 local GD ste
 and for every baseline (Separate FedAvg at lr 0.03, where lr 0.2 diverges). The app's test split
 carries the sigma = 1e-3 noise, so the MSE floor is 1e-6 (the paper's test set is noise-free).
 """,
-    columns=(Column("L=20 (10 train + 10 test per client)", "flwr_pfl/presets/feddar_synthetic.toml",
+    columns=(Column("Dir(0.4 p) mixtures, d = 20, k = 2, M = 5", "flwr_pfl/presets/feddar_synthetic.toml",
                     per_scale={"paper": {"samples-per-client": 20}}),),
     methods=(
         _m("FedDAR-SA", "feddar-sa"),
@@ -203,7 +203,7 @@ FedAvg evaluates its global model, FedAvg + FT fine-tunes it for 5 epochs.
 # ------------------------------------------------------------------------------------------
 
 _ROT_MNIST, _ROT_FMNIST = "Rotated MNIST", "Rotated Fashion-MNIST"
-_FEDORA_QUICK_MNIST = {"num-domains": 36, "num-clients": 36, "num-server-rounds": 20, "fedora.eval-every": 5}
+_FEDORA_QUICK_MNIST = {"num-domains": 36, "num-clients": 36, "num-server-rounds": 12, "fedora.eval-every": 4}
 
 FEDORA = Table(
     name="fedora",
@@ -272,10 +272,11 @@ R-Acc is against each run's own LOCAL shadow model, so every row is paired with 
     metric=("r_acc",),
     metric_label="R-Acc (against the in-run LOCAL)",
     reference="adaptive, paper rule (default)",
-    extras={"accuracy_mean": "Acc", "local_accuracy_mean": "LOCAL Acc", "ptr": "PTR (>=)", "fit:lambda_active_mean": "lambda active"},
+    extras={"accuracy_mean": "Acc", "accuracy_local_mean": "LOCAL Acc", "ptr": "PTR (>=)",
+            "fit:lambda_active_mean": "lambda active", "fit:lambda_mean": "mean lambda", "fit:delta_mean": "mean Delta"},
     scales={
         "quick": Scale(_FEDORA_QUICK_MNIST | {"fedora.report-round": "last"}, SEEDS3,
-                       "K = 36 clients at 10 degree steps (the paper's), 20 rounds, last round, 3 seeds."),
+                       "K = 36 clients at 10 degree steps (the paper's), 12 rounds, last round, 3 seeds."),
         "paper": Scale({"num-server-rounds": 500, "fedora.eval-every": 10}, SEEDS3,
                        "K = 36, 500 rounds, best-validation round; balanced split (the paper's is imbalanced); "
                        "3 seeds (the paper states none)."),
