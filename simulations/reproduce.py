@@ -105,8 +105,14 @@ def plan(table: Table, scale: str, seeds: list[int], results: Path, methods: lis
     return sorted(runs, key=lambda r: seeds.index(r.seed))
 
 
+#: where a run writes its files is not part of what it computes: results stay valid when the
+#: checkout or a column's folder moves
+LOCATION_KEYS = ("output-dir",)
+
+
 def _comparable(config: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(json.dumps(config, sort_keys=True, default=str))
+    """The configuration as stored and compared: JSON values, without the location keys."""
+    return json.loads(json.dumps({k: v for k, v in config.items() if k not in LOCATION_KEYS}, sort_keys=True, default=str))
 
 
 def finished(run: Run) -> dict[str, Any] | None:
@@ -115,7 +121,10 @@ def finished(run: Run) -> dict[str, Any] | None:
         stored = json.loads(run.result.read_text())
     except (OSError, ValueError):
         return None
-    return stored if stored.get("config") == _comparable(run.config) else None
+    saved = stored.get("config") if isinstance(stored, dict) else None
+    if not isinstance(saved, dict):
+        return None
+    return stored if _comparable(saved) == _comparable(run.config) else None
 
 
 def write_atomic(path: Path, payload: dict[str, Any]) -> None:

@@ -85,6 +85,15 @@ def test_changed_configuration_or_broken_file_runs_again(tmp_path):
     assert sorted(again.calls) == [1, 2]
 
 
+def test_a_moved_output_folder_does_not_invalidate_finished_runs(tmp_path):
+    runs = [R.Run("c", "m", 0, {"algorithm": "x", "seed": 0, "output-dir": "/old/place"}, tmp_path / "m-s0.json")]
+    R.run_all(runs, FakeRunner(), log=lambda _: None)
+    moved = [R.Run("c", "m", 0, {"algorithm": "x", "seed": 0, "output-dir": "/new/place"}, tmp_path / "m-s0.json")]
+    again = FakeRunner()
+    R.run_all(moved, again, log=lambda _: None)
+    assert again.calls == []
+
+
 def test_write_atomic_keeps_the_old_file_when_writing_fails(tmp_path):
     path = tmp_path / "r.json"
     R.write_atomic(path, {"a": 1})
