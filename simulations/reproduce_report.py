@@ -18,8 +18,8 @@ import numpy as np
 
 from flwr_pfl.app.compare import paired_verdict
 
-#: verdict of a method against the reference, in words for the table
-WORDS = {"ahead": "win", "behind": "loss", "tie": "tie (within spread)", "one seed": "one seed (no spread)"}
+#: verdict of a method against the reference (better = the method beats it), in words for the table
+WORDS = {"ahead": "better", "behind": "worse", "tie": "tie (within spread)", "one seed": "one seed (no spread)"}
 
 
 def run_figure(rows: list[dict[str, Any]], keys: tuple[str, ...], last: int) -> float | None:
@@ -129,7 +129,7 @@ def markdown(table, scale_name: str, summary: dict[str, Any], command: str, seco
              f"**Metric:** {metric}; a run's figure is the mean of its last {table.last} evaluation round(s); "
              f"then mean ± sample std over seeds. **Paper:** {table.source}.", "",
              f"**Win rule:** against `{table.reference}`, seed by seed (paired: same data and initial model); "
-             "a win or loss only when every seed agrees in sign and the mean difference exceeds the "
+             "a method is better or worse only when every seed agrees in sign and the mean difference exceeds the "
              "std of the differences" + (" (differences of log10 values)" if table.log else "") + "; otherwise a tie.", ""]
     for column in table.columns:
         rows = summary.get(column.name, {})

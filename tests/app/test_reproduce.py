@@ -185,7 +185,7 @@ def test_table_page_shows_mean_std_paper_and_verdicts(tmp_path):
     page = R.write_table(table, "quick", results, "cmd", docs=tmp_path).read_text()
     lines = {line.split(" | ")[0].strip("| "): line for line in page.splitlines() if line.startswith("| ")}
     assert "0.8100 ± 0.0100" in lines["new"] and "reference" in lines["new"] and "0.8000" in lines["new"]
-    assert "-0.1000 ± 0.0100" in lines["base"] and "| loss |" in lines["base"] and "as paper" in lines["base"]
+    assert "-0.1000 ± 0.0100" in lines["base"] and "| worse |" in lines["base"] and "as paper" in lines["base"]
     assert "| tie (within spread) |" in lines["noisy"] and "not resolved" in lines["noisy"]
     assert "0.5000 ± 0.0000" in lines["base"]  # the fit-row extra column
     assert (tmp_path / "toy-quick.png").stat().st_size > 1000
