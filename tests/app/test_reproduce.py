@@ -229,6 +229,7 @@ def test_paper_scale_of_the_other_tables():
     assert (fmtl["num-clients"], fmtl["fraction-fit"], fmtl["local-epochs"]) == (100, 0.1, 1)
     fig1 = _config("feddar-fig1", "paper")
     assert (fig1["num-clients"], fig1["num-server-rounds"], fig1["samples-per-client"] * (1 - fig1["test-fraction"])) == (100, 300, 10)
+    assert fig1["learning-rate"] == 0.1 and _config("feddar-fig1", "paper", method=4)["learning-rate"] == 0.03
     digits = _config("feddar-digits", "paper", column=2)
     assert (digits["num-server-rounds"], digits["feddar.warmup-rounds"], digits["domain-alpha"]) == (100, 10, 1.0)
     for column, clients in ((0, 36), (1, 72)):
