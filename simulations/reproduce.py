@@ -75,9 +75,10 @@ def base_config(table: Table, scale: str, column, method) -> dict[str, Any]:
     return default_run_config(overrides)
 
 
-def plan(table: Table, scale: str, seeds: list[int], results: Path, methods: list[str] | None = None) -> list[Run]:
-    """Every run of the table (of ``methods`` only, when given), its configuration checked by
-    the app before anything runs.
+def plan(table: Table, scale: str, seeds: list[int], results: Path, methods: list[str] | None = None,
+         columns: list[str] | None = None) -> list[Run]:
+    """Every run of the table (of ``methods`` and ``columns`` only, when given), its
+    configuration checked by the app before anything runs.
 
     Raises:
         flwr_pfl.errors.ConfigError: a method's configuration does not parse or its strategy
@@ -91,8 +92,14 @@ def plan(table: Table, scale: str, seeds: list[int], results: Path, methods: lis
     unknown = sorted(set(methods or ()) - set(labels))
     if unknown:
         raise SystemExit(f"--methods: {unknown} not in table {table.name}; its methods: {labels}")
+    names = [c.name for c in table.columns]
+    unknown_columns = sorted(set(columns or ()) - set(names))
+    if unknown_columns:
+        raise SystemExit(f"--columns: {unknown_columns} not in table {table.name}; its columns: {names}")
     runs = []
     for column in table.columns:
+        if columns and column.name not in columns:
+            continue
         for method in table.methods:
             if methods and method.label not in methods:
                 continue
@@ -243,6 +250,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", nargs="+", type=int, help="default: the scale's seeds")
     parser.add_argument("--jobs", type=int, default=1, help="parallel worker processes")
     parser.add_argument("--methods", nargs="+", help="only these methods (labels); default: all")
+    parser.add_argument("--columns", nargs="+", help="only these columns (names); default: all")
     parser.add_argument("--results", type=Path, default=DOCS / "results", help="one JSON per finished run")
     parser.add_argument("--report-only", action="store_true", help="write the page from the finished runs; run nothing")
     parser.add_argument("--list", action="store_true", help="list the tables and their scales")
@@ -256,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     table = TABLES[args.table]
     seeds = args.seeds or list(table.scales[args.scale].seeds)
-    runs = plan(table, args.scale, seeds, args.results.resolve(), args.methods)
+    runs = plan(table, args.scale, seeds, args.results.resolve(), args.methods, args.columns)
     if args.report_only:
         results = {r: p for r in runs if (p := finished(r)) is not None}
     else:
@@ -264,6 +272,8 @@ def main(argv: list[str] | None = None) -> None:
     command = f"python simulations/reproduce.py {table.name} --scale {args.scale} --seeds {' '.join(map(str, seeds))}"
     if args.methods:
         command += " --methods " + " ".join(f"'{m}'" for m in args.methods)
+    if args.columns:
+        command += " --columns " + " ".join(f"'{c}'" for c in args.columns)
     print(f"wrote {write_table(table, args.scale, results, command)}")
 
 
