@@ -251,3 +251,13 @@ def test_lambda_ablation_rows_differ_only_in_the_selection_rule():
     stripped = [{k: v for k, v in c.items() if k not in keys} for c in configs.values()]
     assert all(s == stripped[0] for s in stripped)
     assert (constant["num-clients"], constant["rotation-step"]) == (36, 10.0)
+
+
+def test_unknown_method_or_column_names_stop_before_anything_runs(tmp_path):
+    table = TABLES["fedgp-domain"]
+    with pytest.raises(SystemExit, match="--methods: \\['FedGP'\\] not in table fedgp-domain"):
+        R.plan(table, "quick", [0], tmp_path, methods=["FedGP"])
+    with pytest.raises(SystemExit, match="--columns: \\['noise'\\] not in table fedgp-domain"):
+        R.plan(table, "quick", [0], tmp_path, columns=["noise"])
+    with pytest.raises(SystemExit, match="has scales"):
+        R.plan(table, "huge", [0], tmp_path)
