@@ -160,7 +160,8 @@ def markdown(table, scale_name: str, summary: dict[str, Any], command: str, seco
 
 
 def plot(table, summary: dict[str, Any], path: Path) -> None:
-    """One panel per column: mean ± std per method as bars, the paper's figure as a marker."""
+    """One panel per column: mean ± std per method as bars (log tables: geometric mean ± one
+    std of log10), the paper's figure as a marker."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -173,10 +174,16 @@ def plot(table, summary: dict[str, Any], path: Path) -> None:
     for ax, name in zip(axes[0], columns):
         rows = summary[name]
         labels = list(rows)
-        means = np.array([rows[m]["mean"] for m in labels])
-        stds = np.array([rows[m]["std"] for m in labels])
         x = np.arange(len(labels))
-        ax.bar(x, means, yerr=stds, capsize=3, color="tab:blue", alpha=0.7, label="this run")
+        if table.log:  # geometric mean, error bar = one std of log10 either side
+            logs = np.array([rows[m]["log10_mean"] for m in labels])
+            spread = np.array([rows[m]["log10_std"] for m in labels])
+            means = 10.0 ** logs
+            errors = np.vstack([means - 10.0 ** (logs - spread), 10.0 ** (logs + spread) - means])
+        else:
+            means = np.array([rows[m]["mean"] for m in labels])
+            errors = np.array([rows[m]["std"] for m in labels])
+        ax.bar(x, means, yerr=errors, capsize=3, color="tab:blue", alpha=0.7, label="this run")
         paper = [(i, rows[m]["paper"]) for i, m in enumerate(labels) if rows[m]["paper"] is not None]
         if paper:
             ax.scatter([p[0] for p in paper], [p[1] for p in paper], marker="D", color="tab:red", zorder=3, label="paper")
