@@ -264,7 +264,12 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     table = TABLES[args.table]
     seeds = args.seeds or list(table.scales[args.scale].seeds)
-    runs = plan(table, args.scale, seeds, args.results.resolve(), args.methods, args.columns)
+    from flwr_pfl.errors import ConfigError
+
+    try:
+        runs = plan(table, args.scale, seeds, args.results.resolve(), args.methods, args.columns)
+    except ConfigError as err:
+        raise SystemExit(f"table {table.name}, scale {args.scale}: {err}") from err
     if args.report_only:
         results = {r: p for r in runs if (p := finished(r)) is not None}
     else:
