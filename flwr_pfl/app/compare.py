@@ -117,17 +117,24 @@ def paired_differences(
         if diffs.size == 0:
             continue
         mean, std = float(diffs.mean()), float(diffs.std(ddof=1)) if diffs.size > 1 else 0.0
-        if diffs.size < 2:
-            verdict = "one seed"
-        elif (diffs > 0).all() and mean > std:
-            verdict = "ahead"
-        elif (diffs < 0).all() and -mean > std:
-            verdict = "behind"
-        else:
-            verdict = "tie"
         out[algorithm] = {"mean": mean, "std": std, "min": float(diffs.min()), "max": float(diffs.max()),
-                          "n": int(diffs.size), "verdict": verdict}
+                          "n": int(diffs.size), "verdict": paired_verdict(diffs)}
     return out
+
+
+def paired_verdict(diffs: np.ndarray) -> str:
+    """``ahead`` / ``behind`` for paired per-seed differences (higher is better) only when every
+    seed agrees in sign and the mean's magnitude exceeds the differences' sample std; ``tie``
+    otherwise, and ``one seed`` when there is no spread to compare with."""
+    diffs = np.asarray(diffs, dtype=float)
+    if diffs.size < 2:
+        return "one seed"
+    mean, std = float(diffs.mean()), float(diffs.std(ddof=1))
+    if (diffs > 0).all() and mean > std:
+        return "ahead"
+    if (diffs < 0).all() and -mean > std:
+        return "behind"
+    return "tie"
 
 
 def paired_markdown(paired: dict[str, dict[str, Any]], key: str, reference: str) -> str:

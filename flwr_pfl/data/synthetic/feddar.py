@@ -295,7 +295,7 @@ def _feddar_round(
         point = core.hessian_point(core.HessianAt.LOCAL, local, heads)
         hessians = core.head_statistics(feats, y, z, point, layout, core.HeadLoss.SQUARED).hessians.numpy()
     new_heads = core.aggregate_heads(agg, local.numpy(), counts.numpy(), heads.numpy(), hessians, cfg.sa_options).heads
-    heads = torch.as_tensor(new_heads)
+    heads = torch.as_tensor(new_heads, dtype=x.dtype)  # SA solves in float64; the model keeps the data's precision
 
     u_z = torch.as_tensor(u, dtype=x.dtype)[z]
     reps = _local_rep_gd(rep, x, y, heads[z], u_z, cfg.rep_steps, cfg.rep_lr)

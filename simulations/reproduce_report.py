@@ -1,0 +1,200 @@
+"""The maths and the writing of a reproduced table: per-run figure, mean +- std over seeds, the
+paired win rule, Markdown beside the paper's figures, and a plot.
+
+A run's *figure* is the mean of its last ``table.last`` evaluation rows of the table's metric
+(the papers average the final rounds). Over seeds: mean and sample std (ddof = 1). A method is
+called better or worse than the table's reference only by the paired rule of
+:func:`flwr_pfl.app.compare.paired_verdict`: every seed's difference has the same sign and the
+mean difference exceeds the differences' std (on log10 for metrics spanning decades, e.g. MSE).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from flwr_pfl.app.compare import paired_verdict
+
+#: verdict of a method against the reference (better = the method beats it), in words for the table
+WORDS = {"ahead": "better", "behind": "worse", "tie": "tie (within spread)", "one seed": "one seed (no spread)"}
+
+
+def run_figure(rows: list[dict[str, Any]], keys: tuple[str, ...], last: int) -> float | None:
+    """Mean of the last ``last`` evaluation rows' value of the first key in ``keys`` the run reports
+    (``None`` if it reports none)."""
+    evaluate = [r for r in rows if r.get("phase", "evaluate") == "evaluate"]
+    for key in keys:
+        values = [r[key] for r in evaluate if r.get(key) is not None]
+        if values:
+            return float(np.mean(values[-last:]))
+    return None
+
+
+def fit_mean(rows: list[dict[str, Any]], key: str) -> float | None:
+    """Mean over the run's fit rows of ``key`` (e.g. FEDORA's ``lambda_active_mean``)."""
+    values = [r[key] for r in rows if r.get("phase") == "fit" and r.get(key) is not None]
+    return float(np.mean(values)) if values else None
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample std (ddof = 1; 0 for one value) of finite values (NaN if none)."""
+    v = np.asarray([x for x in values if x is not None and math.isfinite(x)], dtype=float)
+    if v.size == 0:
+        return math.nan, math.nan
+    return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else 0.0
+
+
+def paired(method: dict[int, float], reference: dict[int, float], higher_is_better: bool, log: bool) -> dict[str, Any]:
+    """Per-seed differences (positive = the method is better), their mean and std, and the verdict.
+
+    Only seeds both have are paired. ``log``: differences of log10 values (for MSE), so that a
+    factor of 10 counts the same at every scale.
+    """
+    seeds = sorted(set(method) & set(reference))
+    a = np.array([method[s] for s in seeds], dtype=float)
+    b = np.array([reference[s] for s in seeds], dtype=float)
+    if log:
+        a, b = np.log10(a), np.log10(b)
+    diffs = (a - b) if higher_is_better else (b - a)
+    diffs = diffs[np.isfinite(diffs)]
+    if diffs.size == 0:
+        return {"n": 0, "mean": math.nan, "std": math.nan, "verdict": "one seed"}
+    return {"n": int(diffs.size), "mean": float(diffs.mean()),
+            "std": float(diffs.std(ddof=1)) if diffs.size > 1 else 0.0, "verdict": paired_verdict(diffs)}
+
+
+def paper_agreement(verdict: str, paper_method: float | None, paper_reference: float | None, higher_is_better: bool) -> str:
+    """Whether our verdict matches the direction of the paper's figures ("" if a figure is missing)."""
+    if paper_method is None or paper_reference is None or verdict == "one seed":
+        return ""
+    better = paper_method > paper_reference if higher_is_better else paper_method < paper_reference
+    if paper_method == paper_reference:
+        return "paper: equal"
+    if verdict == "tie":
+        return "not resolved"
+    return "as paper" if (verdict == "ahead") == better else "opposite of paper"
+
+
+def _fmt(value: float, log: bool) -> str:
+    if value is None or not math.isfinite(value):
+        return "-"
+    return f"{value:.2e}" if log else f"{value:.4f}"
+
+
+def summarize(table, figures: dict[str, dict[str, dict[int, float]]], extras: dict[str, dict[str, dict[str, dict[int, float]]]]) -> dict[str, Any]:
+    """Everything the Markdown and the plot show, per column and method.
+
+    Args:
+        table: the :class:`reproduce_tables.Table`.
+        figures: column -> method label -> seed -> figure.
+        extras: column -> method label -> extra key -> seed -> value.
+    """
+    out: dict[str, Any] = {}
+    for column in table.columns:
+        per_method = figures.get(column.name, {})
+        ref = per_method.get(table.reference, {})
+        rows = {}
+        for method in table.methods:
+            values = per_method.get(method.label, {})
+            if not values:
+                continue
+            mean, std = mean_std(list(values.values()))
+            if table.log and values:
+                logs = [math.log10(v) for v in values.values() if v > 0]
+                log_mean, log_std = mean_std(logs)
+            else:
+                log_mean = log_std = math.nan
+            diff = None if method.label == table.reference or not ref else paired(values, ref, table.higher_is_better, table.log)
+            paper_m = method.paper.get(column.name)
+            paper_r = next((m.paper.get(column.name) for m in table.methods if m.label == table.reference), None)
+            rows[method.label] = {
+                "mean": mean, "std": std, "log10_mean": log_mean, "log10_std": log_std, "n": len(values),
+                "seeds": {str(s): v for s, v in sorted(values.items())}, "paper": paper_m, "paired": diff,
+                "agreement": "" if diff is None else paper_agreement(diff["verdict"], paper_m, paper_r, table.higher_is_better),
+                "extras": {k: mean_std(list(v.values())) for k, v in extras.get(column.name, {}).get(method.label, {}).items()},
+            }
+        out[column.name] = rows
+    return out
+
+
+def markdown(table, scale_name: str, summary: dict[str, Any], command: str, seconds: float | None) -> str:
+    """The table's page: protocol, one table per column, the win rule, the command."""
+    scale = table.scales[scale_name]
+    metric = table.metric_label
+    lines = [f"# {table.title} — `{scale_name}` scale", "", table.description.strip(), "",
+             f"**Protocol at this scale:** {scale.note}", "",
+             f"**Metric:** {metric}; a run's figure is the mean of its last {table.last} evaluation round(s); "
+             f"then mean ± sample std over seeds. **Paper:** {table.source}.", "",
+             f"**Win rule:** against `{table.reference}`, seed by seed (paired: same data and initial model); "
+             "a method is better or worse only when every seed agrees in sign and the mean difference exceeds the "
+             "std of the differences" + (" (differences of log10 values)" if table.log else "") + "; otherwise a tie.", ""]
+    for column in table.columns:
+        rows = summary.get(column.name, {})
+        if not rows:
+            continue
+        extra_keys = [k for k in table.extras if any(k in r["extras"] for r in rows.values())]
+        lines += [f"## {column.name}", "", column.note.strip(), ""] if column.note else [f"## {column.name}", ""]
+        head = ["method", f"{metric} (mean ± std)", "seeds", "paper", f"vs {table.reference} (paired)", "verdict", "vs paper"]
+        head += [table.extras[k] for k in extra_keys]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for label, r in rows.items():
+            if table.log:
+                value = f"{_fmt(r['mean'], True)} (log10 {r['log10_mean']:.2f} ± {r['log10_std']:.2f})"
+            else:
+                value = f"{_fmt(r['mean'], False)} ± {_fmt(r['std'], False)}"
+            d = r["paired"]
+            diff = "reference" if d is None else f"{d['mean']:+.4f} ± {d['std']:.4f}"
+            verdict = "" if d is None else WORDS[d["verdict"]]
+            paper = "" if r["paper"] is None else _fmt(r["paper"], table.log)
+            cells = [label, value, str(r["n"]), paper, diff, verdict, r["agreement"]]
+            cells += [f"{r['extras'][k][0]:.4f} ± {r['extras'][k][1]:.4f}" if k in r["extras"] else "" for k in extra_keys]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += [f"![{table.name}]({table.name}-{scale_name}.png)", "", "Command:", "", "```", command, "```", ""]
+    if seconds is not None:
+        lines += [f"Compute: {seconds / 60:.1f} min of run time summed over all runs (CPU, in-process engine).", ""]
+    return "\n".join(lines)
+
+
+def plot(table, summary: dict[str, Any], path: Path) -> None:
+    """One panel per column: mean ± std per method as bars (log tables: geometric mean ± one
+    std of log10), the paper's figure as a marker."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = [c.name for c in table.columns if summary.get(c.name)]
+    if not columns:
+        return
+    fig, axes = plt.subplots(1, len(columns), figsize=(max(4.5, 3.2 * len(columns)), 3.8), squeeze=False)
+    for ax, name in zip(axes[0], columns):
+        rows = summary[name]
+        labels = list(rows)
+        x = np.arange(len(labels))
+        if table.log:  # geometric mean, error bar = one std of log10 either side
+            logs = np.array([rows[m]["log10_mean"] for m in labels])
+            spread = np.array([rows[m]["log10_std"] for m in labels])
+            means = 10.0 ** logs
+            errors = np.vstack([means - 10.0 ** (logs - spread), 10.0 ** (logs + spread) - means])
+        else:
+            means = np.array([rows[m]["mean"] for m in labels])
+            errors = np.array([rows[m]["std"] for m in labels])
+        ax.bar(x, means, yerr=errors, capsize=3, color="tab:blue", alpha=0.7, label="this run")
+        paper = [(i, rows[m]["paper"]) for i, m in enumerate(labels) if rows[m]["paper"] is not None]
+        if paper:
+            ax.scatter([p[0] for p in paper], [p[1] for p in paper], marker="D", color="tab:red", zorder=3, label="paper")
+        if table.log:
+            ax.set_yscale("log")
+        ax.set_xticks(x)
+        ax.set_xticklabels(labels, rotation=45, ha="right", fontsize=7)
+        ax.set_title(name, fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0][0].set_ylabel(table.metric_label, fontsize=8)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,263 @@
+"""simulations/reproduce.py: skip / resume, the table maths and win rule, the protocols.
+
+The runner is replaced by a fake run function (no training), except where a test checks that
+the paper-scale configurations the app builds carry the paper's protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "simulations"))
+
+import reproduce as R  # noqa: E402
+import reproduce_report as report  # noqa: E402
+from reproduce_tables import TABLES, Column, Method, Scale, Table  # noqa: E402
+
+
+def _rows(value: float, rounds: int = 4) -> list[dict]:
+    """Metric rows whose evaluation value ends at ``value`` (earlier rounds worse), plus fit rows."""
+    rows = []
+    for r in range(1, rounds + 1):
+        rows.append({"round": r, "phase": "fit", "lambda_active_mean": 0.5})
+        rows.append({"round": r, "phase": "evaluate", "acc": value - 0.1 * (rounds - r)})
+    return rows
+
+
+def _runs(tmp_path: Path, n: int = 5) -> list[R.Run]:
+    return [R.Run("c", f"m{i % 2}", i, {"algorithm": "x", "seed": i, "lr": 0.1}, tmp_path / f"m{i % 2}-s{i}.json")
+            for i in range(n)]
+
+
+class FakeRunner:
+    """Counts calls; optionally dies (like a kill) on the call number ``die_at``."""
+
+    def __init__(self, die_at: int | None = None) -> None:
+        self.calls: list[int] = []
+        self.die_at = die_at
+
+    def __call__(self, config: dict) -> list[dict]:
+        if self.die_at is not None and len(self.calls) + 1 == self.die_at:
+            raise KeyboardInterrupt("killed")
+        self.calls.append(config["seed"])
+        return _rows(0.5 + 0.01 * config["seed"])
+
+
+def test_finished_runs_are_not_run_again(tmp_path):
+    runs = _runs(tmp_path)
+    first = FakeRunner()
+    R.run_all(runs, first, log=lambda _: None)
+    assert sorted(first.calls) == [0, 1, 2, 3, 4]
+    again = FakeRunner()
+    results = R.run_all(runs, again, log=lambda _: None)
+    assert again.calls == []
+    assert {r.seed for r in results} == {0, 1, 2, 3, 4}
+    assert results[runs[3]]["rows"] == _rows(0.53)
+
+
+def test_resume_after_a_kill_runs_only_what_is_missing(tmp_path):
+    runs = _runs(tmp_path)
+    killed = FakeRunner(die_at=3)
+    with pytest.raises(KeyboardInterrupt):
+        R.run_all(runs, killed, log=lambda _: None)
+    assert killed.calls == [0, 1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m0-s0.json", "m1-s1.json"]  # no temporary left over
+    resumed = FakeRunner()
+    R.run_all(runs, resumed, log=lambda _: None)
+    assert resumed.calls == [2, 3, 4]
+
+
+def test_changed_configuration_or_broken_file_runs_again(tmp_path):
+    runs = _runs(tmp_path, 3)
+    R.run_all(runs, FakeRunner(), log=lambda _: None)
+    runs[2].result.write_text('{"config": {"algorithm"')  # half a file (written without the atomic rename)
+    changed = [R.Run(r.column, r.method, r.seed, {**r.config, "lr": 0.2} if r.seed == 1 else r.config, r.result)
+               for r in runs]
+    again = FakeRunner()
+    R.run_all(changed, again, log=lambda _: None)
+    assert sorted(again.calls) == [1, 2]
+
+
+def test_a_moved_output_folder_does_not_invalidate_finished_runs(tmp_path):
+    runs = [R.Run("c", "m", 0, {"algorithm": "x", "seed": 0, "output-dir": "/old/place"}, tmp_path / "m-s0.json")]
+    R.run_all(runs, FakeRunner(), log=lambda _: None)
+    moved = [R.Run("c", "m", 0, {"algorithm": "x", "seed": 0, "output-dir": "/new/place"}, tmp_path / "m-s0.json")]
+    again = FakeRunner()
+    R.run_all(moved, again, log=lambda _: None)
+    assert again.calls == []
+
+
+def test_write_atomic_keeps_the_old_file_when_writing_fails(tmp_path):
+    path = tmp_path / "r.json"
+    R.write_atomic(path, {"a": 1})
+    with pytest.raises(TypeError):
+        R.write_atomic(path, {"a": object()})
+    assert json.loads(path.read_text()) == {"a": 1}
+
+
+def test_progress_lines_carry_an_eta(tmp_path):
+    lines: list[str] = []
+    R.run_all(_runs(tmp_path, 3), FakeRunner(), log=lines.append)
+    assert lines[0].startswith("3 runs: 0 finished before, 3 to run")
+    assert all("ETA" in line for line in lines[1:]) and len(lines) == 4
+    assert lines[-1].startswith("[3/3]") and "ETA 0.0 min" in lines[-1]
+
+
+# ------------------------------------------------------------------------------------------
+# table maths
+# ------------------------------------------------------------------------------------------
+
+def test_run_figure_averages_the_last_evaluation_rows_only():
+    rows = _rows(0.9, rounds=5)  # evaluation values 0.5, 0.6, 0.7, 0.8, 0.9
+    assert report.run_figure(rows, ("acc",), 1) == pytest.approx(0.9)
+    assert report.run_figure(rows, ("acc",), 3) == pytest.approx(0.8)
+    assert report.run_figure(rows, ("missing", "acc"), 2) == pytest.approx(0.85)
+    assert report.run_figure(rows, ("missing",), 2) is None
+    assert report.fit_mean(rows, "lambda_active_mean") == pytest.approx(0.5)
+
+
+def test_mean_and_sample_std():
+    mean, std = report.mean_std([0.70, 0.74, 0.78])
+    assert mean == pytest.approx(0.74) and std == pytest.approx(0.04)  # ddof = 1 (population std: 0.0327)
+    assert report.mean_std([0.5]) == (0.5, 0.0)
+    assert all(math.isnan(v) for v in report.mean_std([]))
+
+
+@pytest.mark.parametrize(
+    "diffs, verdict",
+    [
+        ([0.02, 0.03, 0.025], "ahead"),          # consistent and beyond the spread
+        ([-0.02, -0.03, -0.025], "behind"),
+        ([0.001, 0.002, 0.30], "tie"),           # same sign but the mean (0.10) is inside the spread (0.17)
+        ([0.10, 0.12, -0.01], "tie"),            # one seed disagrees
+        ([0.05], "one seed"),
+    ],
+)
+def test_win_rule_needs_every_seed_and_a_difference_beyond_the_spread(diffs, verdict):
+    reference = {s: 0.5 for s in range(len(diffs))}
+    method = {s: 0.5 + d for s, d in enumerate(diffs)}
+    assert report.paired(method, reference, higher_is_better=True, log=False)["verdict"] == verdict
+    flipped = {"ahead": "behind", "behind": "ahead"}.get(verdict, verdict)
+    assert report.paired(method, reference, higher_is_better=False, log=False)["verdict"] == flipped
+
+
+def test_win_rule_pairs_seeds_and_uses_log10_for_mse():
+    # unpaired means would differ hugely, but seed by seed the method is 10x worse on every seed
+    reference = {0: 1e-7, 1: 1e-3, 2: 1e-5}
+    method = {0: 1e-6, 1: 1e-2, 2: 1e-4}
+    d = report.paired(method, reference, higher_is_better=False, log=True)
+    assert d["verdict"] == "behind" and d["mean"] == pytest.approx(-1.0) and d["std"] == pytest.approx(0.0, abs=1e-12)
+    # on the linear scale seed 1 dominates and the spread swallows the difference
+    assert report.paired({0: 2e-7, 1: 9e-4, 2: 3e-5}, reference, higher_is_better=False, log=False)["verdict"] == "tie"
+
+
+def test_agreement_with_the_paper():
+    assert report.paper_agreement("ahead", 0.80, 0.70, True) == "as paper"
+    assert report.paper_agreement("behind", 0.80, 0.70, True) == "opposite of paper"
+    assert report.paper_agreement("tie", 0.80, 0.70, True) == "not resolved"
+    assert report.paper_agreement("ahead", 1e-3, 1e-1, False) == "as paper"
+    assert report.paper_agreement("ahead", None, 0.7, True) == ""
+
+
+def _toy_table() -> Table:
+    return Table(
+        name="toy", title="Toy", source="Table 0", description="toy",
+        columns=(Column("col", "flwr_pfl/presets/tiny.toml"),),
+        methods=(Method("new", "fedavg", {}, {"col": 0.80}), Method("base", "local", {}, {"col": 0.70}),
+                 Method("noisy", "fedavg", {}, {"col": 0.75})),
+        metric=("acc",), metric_label="accuracy", reference="new",
+        scales={"quick": Scale({}, (0, 1, 2), "toy scale")}, extras={"fit:lambda_active_mean": "lambda active"},
+    )
+
+
+def test_table_page_shows_mean_std_paper_and_verdicts(tmp_path):
+    table = _toy_table()
+    values = {"new": [0.80, 0.82, 0.81], "base": [0.70, 0.71, 0.72], "noisy": [0.60, 0.95, 0.70]}
+    results = {R.Run("col", m, s, {}, tmp_path / "x"): {"rows": _rows(v), "seconds": 60.0}
+               for m, vs in values.items() for s, v in enumerate(vs)}
+    page = R.write_table(table, "quick", results, "cmd", docs=tmp_path).read_text()
+    lines = {line.split(" | ")[0].strip("| "): line for line in page.splitlines() if line.startswith("| ")}
+    assert "0.8100 ± 0.0100" in lines["new"] and "reference" in lines["new"] and "0.8000" in lines["new"]
+    assert "-0.1000 ± 0.0100" in lines["base"] and "| worse |" in lines["base"] and "as paper" in lines["base"]
+    assert "| tie (within spread) |" in lines["noisy"] and "not resolved" in lines["noisy"]
+    assert "0.5000 ± 0.0000" in lines["base"]  # the fit-row extra column
+    assert (tmp_path / "toy-quick.png").stat().st_size > 1000
+    summary = json.loads((tmp_path / "toy-quick.json").read_text())
+    assert summary["col"]["noisy"]["paired"]["verdict"] == "tie"
+
+
+# ------------------------------------------------------------------------------------------
+# protocols
+# ------------------------------------------------------------------------------------------
+
+def _config(table: str, scale: str, column: int = 0, method: int = 0) -> dict:
+    t = TABLES[table]
+    return R.base_config(t, scale, t.columns[column], t.methods[method])
+
+
+def test_every_named_table_has_both_scales_and_three_seeds():
+    assert set(TABLES) == {"feddar-fig1", "feddar-digits", "pfedfda", "fedora", "fedora-lambda-ablation",
+                           "fmtl-table1", "fedgp-domain", "fedgp-label"}
+    for t in TABLES.values():
+        assert set(t.scales) == {"quick", "paper"}, t.name
+        assert len(t.scales["quick"].seeds) >= 3 and len(t.scales["paper"].seeds) >= 3, t.name
+        assert t.reference in {m.label for m in t.methods}, t.name
+        assert len({m.label for m in t.methods}) == len(t.methods), t.name
+
+
+def test_paper_scale_of_pfedfda():
+    """Spec 3.4 / 5.3: R = 200, E = 5, q = 0.3, 100 clients (3 seeds: the paper states none)."""
+    for column in range(2):
+        c = _config("pfedfda", "paper", column)
+        assert (c["num-server-rounds"], c["local-epochs"], c["fraction-fit"], c["num-clients"]) == (200, 5, 0.3, 100)
+        assert (c["learning-rate"], c["momentum"], c["weight-decay"], c["batch-size"]) == (0.01, 0.5, 0.0005, 50)
+    assert TABLES["pfedfda"].scales["paper"].seeds == (0, 1, 2)
+    q = _config("pfedfda", "quick")
+    assert (q["num-server-rounds"], q["local-epochs"]) == (20, 2)
+
+
+def test_paper_scale_of_the_other_tables():
+    fmtl = _config("fmtl-table1", "paper")
+    assert (fmtl["num-server-rounds"], fmtl["fmtl.t1-rounds"], fmtl["learning-rate"]) == (110, 100, 0.01)
+    assert (fmtl["num-clients"], fmtl["fraction-fit"], fmtl["local-epochs"]) == (100, 0.1, 1)
+    fig1 = _config("feddar-fig1", "paper")
+    assert (fig1["num-clients"], fig1["num-server-rounds"], fig1["samples-per-client"] * (1 - fig1["test-fraction"])) == (100, 300, 10)
+    assert fig1["learning-rate"] == 0.1 and _config("feddar-fig1", "paper", method=4)["learning-rate"] == 0.03
+    digits = _config("feddar-digits", "paper", column=2)
+    assert (digits["num-server-rounds"], digits["feddar.warmup-rounds"], digits["domain-alpha"]) == (100, 10, 1.0)
+    for column, clients in ((0, 36), (1, 72)):
+        fedora = _config("fedora", "paper", column)
+        assert (fedora["num-server-rounds"], fedora["num-clients"], fedora["local-epochs"], fedora["fraction-fit"]) == (500, clients, 5, 1.0)
+    assert _config("fedora", "quick", 1)["num-clients"] == 36
+    for name in ("fedgp-domain", "fedgp-label"):
+        assert _config(name, "paper")["num-server-rounds"] == 50
+
+
+def test_lambda_ablation_rows_differ_only_in_the_selection_rule():
+    t = TABLES["fedora-lambda-ablation"]
+    configs = {m.label: R.base_config(t, "quick", t.columns[0], m) for m in t.methods}
+    constant = configs["lambda = 1"]
+    assert (constant["fedora.lambda-rule"], constant["fedora.lambda-constant"]) == ("constant", 1.0)
+    assert configs["lambda = 10"]["fedora.lambda-constant"] == 10.0
+    assert configs["adaptive, paper rule, error-rate Delta"]["fedora.val-metric"] == "error_rate"
+    keys = {"fedora.lambda-rule", "fedora.lambda-constant", "fedora.val-metric", "fedora.preset"}
+    stripped = [{k: v for k, v in c.items() if k not in keys} for c in configs.values()]
+    assert all(s == stripped[0] for s in stripped)
+    assert (constant["num-clients"], constant["rotation-step"]) == (36, 10.0)
+
+
+def test_unknown_method_or_column_names_stop_before_anything_runs(tmp_path):
+    table = TABLES["fedgp-domain"]
+    with pytest.raises(SystemExit, match="--methods: \\['FedGP'\\] not in table fedgp-domain"):
+        R.plan(table, "quick", [0], tmp_path, methods=["FedGP"])
+    with pytest.raises(SystemExit, match="--columns: \\['noise'\\] not in table fedgp-domain"):
+        R.plan(table, "quick", [0], tmp_path, columns=["noise"])
+    with pytest.raises(SystemExit, match="has scales"):
+        R.plan(table, "huge", [0], tmp_path)
