@@ -75,7 +75,7 @@ class HungNodeGrid(InProcessGrid):
         super().__init__(*args, **kwargs)
         self.hung = hung
         self.waiting: dict[str, Message] = {}
-        self.ttls: list[float] = []
+        self.ttls: list[tuple[str, float]] = []  # (message type, TTL) of each message to the hung node
 
     def _push(self, messages: Iterable[Message]) -> list[str]:
         ids = []
@@ -84,7 +84,7 @@ class HungNodeGrid(InProcessGrid):
                 message_id = f"hung-{len(self.waiting)}"
                 message.metadata.__dict__["_message_id"] = message_id
                 self.waiting[message_id] = message
-                self.ttls.append(message.metadata.ttl)
+                self.ttls.append((message.metadata.message_type, message.metadata.ttl))
                 ids.append(message_id)
             else:
                 ids += super()._push([message])
@@ -144,7 +144,9 @@ def test_a_hung_client_is_dropped_after_round_timeout(tmp_path, blobs_dataset, c
     with caplog.at_level(logging.WARNING, logger="flwr"):
         rows = run(grid, cfg)
     assert time.perf_counter() - start >= 4 * 1.5  # 2 rounds x (fit + evaluate), each waited out
-    assert grid.ttls and set(grid.ttls) == {1.5}
+    # the start-up survey's query waits wait-timeout (5 s); every round's exchange round-timeout
+    assert grid.ttls[0] == ("get_properties", 5.0)
+    assert grid.ttls[1:] and {ttl for _, ttl in grid.ttls[1:]} == {1.5}
     for rnd in (1, 2):
         for phase in ("fit", "evaluate"):
             row = next(r for r in rows if r["round"] == rnd and r["phase"] == phase)
