@@ -50,7 +50,7 @@ def run_bash(script: str, cwd: Path, env: dict[str, str]) -> None:
 
 
 @pytest.mark.parametrize("existing", [False, True], ids=["no-config", "flwr-default-config"])
-@pytest.mark.parametrize("needle,name", [("--insecure --superlink", "fleet"), ("--enable-supernode-auth", "fleet-tls")])
+@pytest.mark.parametrize("needle,name", [("# 1. the SuperLink: one HTTP port", "fleet"), ("--enable-supernode-auth", "fleet-tls")])
 def test_readme_config_entries_parse_with_and_without_flowers_default_file(make_fleet, tmp_path, existing, needle, name):
     fleet = make_fleet()
     if existing:  # any flwr command writes Flower's default config.toml first
