@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Mutation check of the Flower layer: do the tests fail when a client or strategy is wrong?
 
-Each mutation is a one-line change of ``flwr_pfl/clients``, ``flwr_pfl/strategies`` or
-``flwr_pfl/training`` that a wrong implementation could plausibly contain (a weighting dropped, a
+Each mutation is a one-line change of ``flwr_pfl/clients``, ``flwr_pfl/strategies``,
+``flwr_pfl/training`` or the Message-API translation (``flwr_pfl/serverapp``,
+``flwr_pfl/clientapp.py``) that a wrong implementation could plausibly contain (a weighting dropped, a
 sign flipped, the wrong parameters trained, a difference taken against the wrong reference, the
 wrong thing put on the wire). The curated list lives in ``scripts/mutations/*.toml``, one file per
 algorithm family::
@@ -49,7 +50,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 MUTATIONS_DIR = REPO / "scripts" / "mutations"
-MUTABLE = ("flwr_pfl/clients/", "flwr_pfl/strategies/", "flwr_pfl/training/")
+MUTABLE = ("flwr_pfl/clients/", "flwr_pfl/strategies/", "flwr_pfl/training/", "flwr_pfl/serverapp/", "flwr_pfl/clientapp.py")
 COPIED = ("flwr_pfl", "tests", "pyproject.toml", "simulations")
 
 
