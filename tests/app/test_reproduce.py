@@ -94,6 +94,19 @@ def test_a_moved_output_folder_does_not_invalidate_finished_runs(tmp_path):
     assert again.calls == []
 
 
+def test_a_run_key_added_later_at_its_default_keeps_finished_runs(tmp_path):
+    """A run stored before the app had ``aggregate`` stays finished while the key holds its
+    default ("mean"); set to another value, the run is run again."""
+    result = tmp_path / "m-s0.json"
+    R.run_all([R.Run("c", "m", 0, {"algorithm": "x", "seed": 0}, result)], FakeRunner(), log=lambda _: None)
+    at_default = FakeRunner()
+    R.run_all([R.Run("c", "m", 0, {"algorithm": "x", "seed": 0, "aggregate": "mean"}, result)], at_default, log=lambda _: None)
+    assert at_default.calls == []
+    changed = FakeRunner()
+    R.run_all([R.Run("c", "m", 0, {"algorithm": "x", "seed": 0, "aggregate": "trimmed-mean"}, result)], changed, log=lambda _: None)
+    assert changed.calls == [0]
+
+
 def test_write_atomic_keeps_the_old_file_when_writing_fails(tmp_path):
     path = tmp_path / "r.json"
     R.write_atomic(path, {"a": 1})
