@@ -16,6 +16,14 @@ Example (the user's own model and data)::
     app = ClientApp()
     register_handlers(app, lambda context: FedRepClient(context, Net(), load_data(context), head="fc3"))
 
+A node that should keep its personal part across restarts (a SuperNode with the node-config
+key ``state-dir``) wraps its messages in :func:`flwr_pfl.app.node_state.persisted`::
+
+    @app.lifespan()
+    def keep_state(context: Context):
+        with persisted(context):
+            yield
+
 Requests and replies are packed and read by :mod:`flwr_pfl.messages`: a ``train`` reply holds
 the arrays (named as the user's model names them, where the client knows them) and a
 MetricRecord with ``num-examples``; an ``evaluate`` reply a MetricRecord with ``loss`` and
