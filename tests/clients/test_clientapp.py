@@ -115,3 +115,32 @@ def test_handlers_cannot_be_registered_beside_a_client_fn() -> None:
     app = ClientApp(client_fn=lambda context: None)  # type: ignore[arg-type,return-value]
     with pytest.raises(ValueError):
         register_handlers(app, build)
+
+
+def test_a_users_clientapp_keeps_the_personal_part_across_a_restart_with_persisted(tmp_path) -> None:
+    """The lifespan the clientapp docs show: with ``state-dir``, a node restarted (a new, empty
+    context) continues from the head it had trained, not from a fresh one."""
+    from collections.abc import Iterator
+
+    from flwr_pfl.app.node_state import persisted
+
+    app = message_client_app(build)
+
+    @app.lifespan()
+    def keep_state(context: Context) -> Iterator[None]:
+        with persisted(context):
+            yield
+
+    def node() -> Context:
+        ctx = context(1)
+        ctx.node_config["state-dir"] = str(tmp_path)
+        return ctx
+
+    first = node()
+    app(request("train", global_body(), CONFIG), first)
+    trained = build(first).personal_state()
+    restarted = node()
+    app(request("evaluate", global_body(), CONFIG), restarted)
+    assert any(tmp_path.rglob("partition-1.state"))
+    kept = build(restarted).personal_state()
+    assert kept.keys() == trained.keys() and all(torch.equal(kept[k], trained[k]) for k in kept)
