@@ -23,9 +23,9 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from logging import WARNING
-from typing import Any
+from typing import Any, TypeVar
 
 from flwr.common import GetPropertiesIns, log
 from flwr.server.client_proxy import ClientProxy
@@ -42,6 +42,8 @@ NODE_ERROR = "node_error"
 DATA_SHAPE = "data_shape"
 #: query key: asks a node that uses the run's dataset to describe its slice too
 DESCRIBE_DATA = "describe-data"
+
+T = TypeVar("T")
 
 #: seconds between two looks for registered nodes
 POLL_SECONDS = 0.2
@@ -76,21 +78,34 @@ def wait_for_nodes(grid: Grid, timeout: float) -> list[int]:
         time.sleep(POLL_SECONDS)
 
 
-def ask_a_node(grid: Grid, config: Config, timeout: float, proxy: NodeProxy = legacy_proxy) -> Config:
-    """One node's ``get_properties(config)`` answer; the registered nodes are asked in turn
-    until one answers (a node may fail on its own, e.g. on its data). ``proxy`` addresses a node.
+def first_answer(node_ids: Iterable[int], ask: Callable[[int], T], what: str) -> T:
+    """``ask(node_id)`` of ``node_ids`` in turn until one answers (a node may fail on its own,
+    e.g. on its data); ``what`` names the question in the log and the error.
 
     Raises:
         RuntimeError: no node answered (naming each node's error).
     """
     errors = []
-    for node_id in wait_for_nodes(grid, timeout):
+    for node_id in node_ids:
         try:
-            return dict(proxy(grid, node_id).get_properties(GetPropertiesIns(dict(config)), timeout=timeout, group_id=None).properties)
-        except Exception as err:  # an error reply, or no reply
-            log(WARNING, "node %d did not answer %s: %s", node_id, config, err)
+            return ask(node_id)
+        except Exception as err:  # an error reply, no reply, a malformed one
+            log(WARNING, "node %d did not answer %s: %s", node_id, what, err)
             errors.append(f"node {node_id}: {err}")
-    raise RuntimeError(f"no node answered the server's query {config}: " + "; ".join(errors))
+    raise RuntimeError(f"no node answered {what}: " + "; ".join(errors))
+
+
+def ask_a_node(grid: Grid, config: Config, timeout: float, proxy: NodeProxy = legacy_proxy) -> Config:
+    """One node's ``get_properties(config)`` answer, the registered nodes asked in turn
+    (:func:`first_answer`). ``proxy`` addresses a node.
+
+    Raises:
+        RuntimeError: no node answered (naming each node's error).
+    """
+    def ask(node_id: int) -> Config:
+        return dict(proxy(grid, node_id).get_properties(GetPropertiesIns(dict(config)), timeout=timeout, group_id=None).properties)
+
+    return first_answer(wait_for_nodes(grid, timeout), ask, f"the server's query {config}")
 
 
 def data_answer(data: ClientData, classes: tuple[str, ...] = (), own: bool = True) -> Config:
@@ -141,7 +156,7 @@ def survey_nodes(grid: Grid, timeout: float, wanted: int = 0, workers: int = 32,
                 errors.append(f"node {node_id}: {answer}")
             else:
                 answers[node_id] = answer
-        target = wanted or max((_size(a) or 0 for a in answers.values()), default=0)
+        target = wanted or max((partition_count(a) or 0 for a in answers.values()), default=0)
         if len(asked) >= target or time.monotonic() >= deadline:
             break
         time.sleep(POLL_SECONDS)
@@ -175,7 +190,7 @@ def check_survey(answers: dict[int, Config]) -> None:
                 "its own partition-id (--node-config 'partition-id=<i> ...')"
             )
         holders[partition] = node_id
-    sizes = {node_id: _size(a) for node_id, a in answers.items() if _size(a) is not None}
+    sizes = {node_id: partition_count(a) for node_id, a in answers.items() if partition_count(a) is not None}
     if len(set(sizes.values())) > 1:
         shown = ", ".join(f"node {n}: {s}" for n, s in sorted(sizes.items()))
         raise ConfigError(f"the nodes disagree on num-partitions ({shown}); give every node the same num-partitions")
@@ -196,7 +211,9 @@ def _int(value: Any) -> int | None:
         return None
 
 
-def _size(answer: Config) -> int | None:
+def partition_count(answer: Config) -> int | None:
+    """The federation's size a node's answer to the federation query says (its
+    ``num-partitions``), or None when it says none."""
     size = _int(answer.get(NUM_PARTITIONS))
     return size if size is not None and size > 0 else None
 
@@ -233,7 +250,7 @@ def resolve_num_clients(
         RuntimeError: no node answered, or ``num_clients`` is 0 and the nodes do not say their size.
     """
     answers = survey_nodes(grid, timeout, wanted or num_clients, workers, proxy)
-    size = next((s for a in answers.values() if (s := _size(a)) is not None), None)
+    size = next((s for a in answers.values() if (s := partition_count(a)) is not None), None)
     if size is None:
         if num_clients:
             return num_clients

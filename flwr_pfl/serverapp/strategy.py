@@ -33,8 +33,8 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from flwr_pfl import messages
-from flwr_pfl.app.nodes import wait_for_nodes
-from flwr_pfl.clients.base import FEDERATION_QUERY, NUM_PARTITIONS, WIRE_LAYOUT_QUERY
+from flwr_pfl.app.nodes import ask_a_node, first_answer, partition_count, wait_for_nodes
+from flwr_pfl.clients.base import FEDERATION_QUERY, WIRE_LAYOUT_QUERY
 from flwr_pfl.serverapp.layout import Layout, is_positional, parse_layout, record_arrays, select_wire_arrays, user_name
 from flwr_pfl.serverapp.nodes import EVALUATE, TRAIN, GridClientManager, MessageNode, NodeFailure, reply_content
 from flwr_pfl.strategies.base import PFLStrategy
@@ -113,18 +113,13 @@ class PFLMessageStrategy(Strategy):
             RuntimeError: no node connected within ``timeout`` seconds.
         """
         nodes = wait_for_nodes(grid, timeout)
-        for node_id in nodes:
-            try:
-                answer = MessageNode(grid, node_id, lambda: None).get_properties(
-                    GetPropertiesIns(dict(FEDERATION_QUERY)), timeout, None).properties
-            except Exception as err:  # an error reply, no reply, a malformed one
-                log(WARNING, "node %d did not answer the federation-size query: %s", node_id, err)
-                continue
-            size = answer.get(NUM_PARTITIONS)
-            if isinstance(size, int) and not isinstance(size, bool) and size > 0:
-                log(INFO, "the federation has %d partitions (node %d's num-partitions)", size, node_id)
-                return size
-            break
+        try:
+            size = partition_count(ask_a_node(grid, FEDERATION_QUERY, timeout, MessageNode))
+        except RuntimeError:  # the nodes are there but none answered: count them
+            size = None
+        if size is not None:
+            log(INFO, "the federation has %d partitions (the nodes' num-partitions)", size)
+            return size
         log(INFO, "the nodes do not say the federation's size: %d connected nodes are the clients", len(nodes))
         return len(nodes)
 
@@ -145,17 +140,10 @@ class PFLMessageStrategy(Strategy):
         return self._manager
 
     def _first_answer(self, manager: GridClientManager, ask: Callable[[MessageNode], Any], what: str) -> Any:
-        """``ask(node)`` of the first node (in node-id order) that answers."""
+        """``ask(node)`` of the first node (in node-id order) that answers (:func:`first_answer`)."""
         self.logic.wait_for_clients(manager)
-        errors = []
-        for _, proxy in sorted(manager.all().items()):
-            node = manager.node(int(proxy.cid))
-            try:
-                return ask(node)
-            except Exception as err:  # an error reply, no reply, a malformed one
-                log(WARNING, "node %d did not answer the %s query: %s", node.node_id, what, err)
-                errors.append(f"node {node.node_id}: {err}")
-        raise RuntimeError(f"no node answered the {what} query: " + "; ".join(errors))
+        node_ids = sorted(int(proxy.cid) for proxy in manager.all().values())
+        return first_answer(node_ids, lambda node_id: ask(manager.node(node_id)), f"the {what} query")
 
     def wire_layout(self, manager: GridClientManager) -> Layout:
         """The clients' wire layout, asked of one node (and its names kept for naming arrays)."""
