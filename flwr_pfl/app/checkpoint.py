@@ -39,6 +39,13 @@ import numpy as np
 
 from flwr_pfl.errors import ConfigError
 
+#: run-config keys a resume may change: the round count, where the run is, and how the server waits for
+#: and times out nodes (an operator resuming on a fleet that changed); none changes what is computed
+RESUMABLE_CHANGES = frozenset({
+    "num-server-rounds", "resume", "output-dir", "run-name", "checkpoint-interval",
+    "wait-timeout", "min-clients", "round-timeout", "server-workers", "api",
+})
+
 #: version of the layout above; a checkpoint of another version is refused
 FORMAT_VERSION = 2
 CHECKPOINT_NAME = "checkpoint.npz"

@@ -52,6 +52,7 @@ from flwr.common import log
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
+from flwr_pfl.app.checkpoint import RESUMABLE_CHANGES
 from flwr_pfl.errors import ConfigError
 
 #: the node-config key naming the directory (unset: state stays in memory only)
@@ -104,8 +105,6 @@ def state_dir(context: Context) -> Path | None:
 def config_digest(run_config: Mapping[str, Any]) -> str:
     """SHA-256 of the run config without the keys a resume may change: a resumed run continues
     a state only if what it computes is configured the same."""
-    from flwr_pfl.app.server_app import RESUMABLE_CHANGES
-
     kept = {k: v for k, v in run_config.items() if k not in RESUMABLE_CHANGES}
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()
 

@@ -10,7 +10,7 @@ from flwr.app import Context
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
-from flwr_pfl.app.checkpoint import CHECKPOINT_NAME, Checkpoint, read_checkpoint
+from flwr_pfl.app.checkpoint import CHECKPOINT_NAME, RESUMABLE_CHANGES, Checkpoint, read_checkpoint
 from flwr_pfl.app.config import Experiment, parse_experiment
 from flwr_pfl.app.export import export_global_model, request_client_exports
 from flwr_pfl.app.flavours import RoundServer, flavour  # noqa: F401 - RoundServer stays importable here
@@ -20,12 +20,6 @@ from flwr_pfl.errors import ConfigError
 from flwr_pfl.strategies.base import PFLStrategy
 from flwr_pfl.training import seed_everything, set_num_threads
 
-#: keys a resume may change: the round count, where the run is, and how the server waits for
-#: and times out nodes (an operator resuming on a fleet that changed); none changes what is computed
-RESUMABLE_CHANGES = frozenset({
-    "num-server-rounds", "resume", "output-dir", "run-name", "checkpoint-interval",
-    "wait-timeout", "min-clients", "round-timeout", "server-workers", "api",
-})
 
 
 def build_strategy(experiment: Experiment, writer: ResultsWriter | None = None, workers: int | None = None) -> PFLStrategy:
