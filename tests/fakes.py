@@ -237,6 +237,25 @@ def register_shift_dataset(name: str, sources_relabelled: bool = False) -> str:
     return name
 
 
+def register_domain_blobs(name: str, seed: int, center_scale: float) -> str:
+    """Register ``name``: 4 classes x 3 domains (a covariate shift per domain), 1,440 samples
+    in 12 dimensions; class centres ``center_scale`` x N(0, 1), domain offsets 0.8 x N(0, 1),
+    unit noise, all drawn from ``seed``."""
+
+    def build(config) -> DatasetPool:
+        g = torch.Generator().manual_seed(seed)
+        centers = center_scale * torch.randn(4, 12, generator=g)
+        offsets = 0.8 * torch.randn(3, 12, generator=g)
+        n = 1440
+        y = torch.arange(n) % 4
+        d = (torch.arange(n) // 4) % 3
+        x = centers[y] + offsets[d] + torch.randn(n, 12, generator=g)
+        return DatasetPool(x=x, y=y, domain=d, num_classes=4, num_domains=3)
+
+    register_dataset(name, build, replace=True)
+    return name
+
+
 # ------------------------------------------------------------------------------ modules
 def load_test_module(relative_path: str, name: str) -> ModuleType:
     """Import the test file ``tests/<relative_path>`` as module ``name`` (for its helpers)."""

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from fakes import register_domain_blobs
 from flwr_pfl.app.client_app import app as client_app
 from flwr_pfl.app.inprocess import InProcessGrid, run_inprocess
 from flwr_pfl.app.registry import ALGORITHMS
@@ -31,20 +32,7 @@ NUM_CLIENTS = 6
 @pytest.fixture(scope="module")
 def domain_dataset() -> str:
     """'test-rerun-domains': 4 classes x 3 domains (a covariate shift per domain), 1,440 samples."""
-    from flwr_pfl.data.registry import DatasetPool, register_dataset
-
-    def build(config) -> DatasetPool:
-        g = torch.Generator().manual_seed(99)
-        centers = 1.5 * torch.randn(4, 12, generator=g)
-        offsets = 0.8 * torch.randn(3, 12, generator=g)
-        n = 1440
-        y = torch.arange(n) % 4
-        d = (torch.arange(n) // 4) % 3
-        x = centers[y] + offsets[d] + torch.randn(n, 12, generator=g)
-        return DatasetPool(x=x, y=y, domain=d, num_classes=4, num_domains=3)
-
-    register_dataset("test-rerun-domains", build, replace=True)
-    return "test-rerun-domains"
+    return register_domain_blobs("test-rerun-domains", seed=99, center_scale=1.5)
 
 
 #: per-algorithm settings on top of :func:`base_config` (what each algorithm needs to run)

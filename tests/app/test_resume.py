@@ -30,9 +30,9 @@ import json
 
 import numpy as np
 import pytest
-import torch
 from flwr.app import Context, RecordDict
 
+from fakes import register_domain_blobs
 from flwr_pfl.app.client_app import app as client_app
 from flwr_pfl.app.inprocess import InProcessGrid
 from flwr_pfl.app.results import ResultsWriter
@@ -48,20 +48,7 @@ class Killed(BaseException):
 @pytest.fixture(scope="module")
 def dataset() -> str:
     """'test-resume-domains': 4 classes x 3 domains (a covariate shift per domain), 1,440 samples."""
-    from flwr_pfl.data.registry import DatasetPool, register_dataset
-
-    def build(config) -> DatasetPool:
-        g = torch.Generator().manual_seed(7)
-        centers = 0.5 * torch.randn(4, 12, generator=g)  # overlapping classes: accuracies stay below 1
-        offsets = 0.8 * torch.randn(3, 12, generator=g)
-        n = 1440
-        y = torch.arange(n) % 4
-        d = (torch.arange(n) // 4) % 3
-        x = centers[y] + offsets[d] + torch.randn(n, 12, generator=g)
-        return DatasetPool(x=x, y=y, domain=d, num_classes=4, num_domains=3)
-
-    register_dataset("test-resume-domains", build, replace=True)
-    return "test-resume-domains"
+    return register_domain_blobs("test-resume-domains", seed=7, center_scale=0.5)  # overlapping classes: accuracies stay below 1
 
 
 DOMAINS = {"partitioner": "domain-mixture", "domain-alpha": 0.5, "samples-per-client": 120}
@@ -174,9 +161,10 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("algorithm", "fraction", "keep_nodes", "kill_round", "where", "interval"), CASES)
-def test_killed_and_resumed_equals_uninterrupted(tmp_path, dataset, monkeypatch, algorithm, fraction, keep_nodes,
-                                                 kill_round, where, interval):
+def check_killed_and_resumed(tmp_path, dataset, monkeypatch, algorithm, fraction, keep_nodes, kill_round, where, interval,
+                             killed: dict | None = None, resumed: dict | None = None) -> None:
+    """A run killed at ``kill_round`` / ``where`` and resumed (``killed`` / ``resumed``: extra
+    run-config keys of each half) ends exactly where an uninterrupted run ends."""
     straight = config(tmp_path, dataset, algorithm, "straight", **{"fraction-fit": fraction})
     serve(new_grid(straight), straight)
 
@@ -185,14 +173,20 @@ def test_killed_and_resumed_equals_uninterrupted(tmp_path, dataset, monkeypatch,
     with monkeypatch.context() as m:
         kill_at(m, kill_round, where)
         with pytest.raises(Killed):
-            serve(grid, cfg)
+            serve(grid, cfg | (killed or {}))
     checkpointed = kill_round if where == "end" and kill_round % interval == 0 else (kill_round - 1) // interval * interval
     rows = [json.loads(line) for line in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["round"] == kill_round  # the killed run had written past its checkpoint ...
     with np.load(tmp_path / "killed" / "checkpoint.npz", allow_pickle=False) as ckpt:
         assert int(ckpt["rounds_done"]) == checkpointed  # ... which is where the resume starts
-    serve(grid if keep_nodes else new_grid(cfg), cfg | {"resume": True})
+    serve(grid if keep_nodes else new_grid(cfg), cfg | {"resume": True} | (resumed or {}))
     assert_same(outcome(tmp_path, "straight"), outcome(tmp_path, "killed"))
+
+
+@pytest.mark.parametrize(("algorithm", "fraction", "keep_nodes", "kill_round", "where", "interval"), CASES)
+def test_killed_and_resumed_equals_uninterrupted(tmp_path, dataset, monkeypatch, algorithm, fraction, keep_nodes,
+                                                 kill_round, where, interval):
+    check_killed_and_resumed(tmp_path, dataset, monkeypatch, algorithm, fraction, keep_nodes, kill_round, where, interval)
 
 
 def test_fedgp_target_placement_resumes_between_the_two_server_rounds(tmp_path, dataset, monkeypatch):

@@ -113,6 +113,12 @@ class Fleet:
     def flwr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         return subprocess.run([str(BIN / "flwr"), *args], env=self.env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
 
+    def submit_run(self, run_config: str, federation: str = "loop") -> subprocess.CompletedProcess:
+        """``flwr run . <federation> --run-config <run_config>``, asserted submitted (it returns at once)."""
+        submitted = self.flwr("run", ".", federation, "--run-config", run_config)
+        assert submitted.returncode == 0 and "Successfully started run" in submitted.stdout, submitted.stdout + submitted.stderr
+        return submitted
+
     def write_federation(self, name: str = "loop", root_certificates: Path | None = None) -> None:
         """The Flower config entry that tells ``flwr run . <name>`` where the SuperLink is
         (``insecure = true``, or the CA that signed the SuperLink's certificate)."""

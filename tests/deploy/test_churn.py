@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from flwr.app import DEFAULT_TTL, Context, Error, Message, RecordDict
 
+from app.test_inprocess import config as inprocess_config
 from flwr_pfl.app.client_app import app as client_app
 from flwr_pfl.app.inprocess import InProcessGrid
 from flwr_pfl.app.server_app import app as server_app
@@ -26,19 +27,8 @@ from flwr_pfl.errors import ConfigError
 
 
 def config(tmp_path, dataset, **overrides):
-    base = {
-        "dataset": dataset,
-        "model": "mlp",
-        "num-clients": 4,
-        "num-server-rounds": 3,
-        "learning-rate": 0.1,
-        "partitioner": "iid",
-        "test-fraction": 0.25,
-        "output-dir": str(tmp_path),
-        "run-name": "run",
-        "wait-timeout": 5.0,
-    }
-    return base | {k.replace("_", "-"): v for k, v in overrides.items()}
+    """The in-process tests' small run, waiting at most 5 s for nodes unless told otherwise."""
+    return inprocess_config(tmp_path, dataset, **{"wait_timeout": 5.0, **overrides})
 
 
 def run(grid: InProcessGrid, run_config: dict) -> list[dict]:

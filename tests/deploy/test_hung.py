@@ -30,8 +30,7 @@ def test_a_hung_supernode_is_dropped_after_round_timeout_and_the_run_completes(f
         f"num-clients=3 min-clients=2 round-timeout=60.0 wait-timeout=120.0 num-server-rounds=2 "
         f"output-dir='{out}' run-name='run'"
     )
-    submitted = fleet.flwr("run", ".", "loop", "--run-config", overrides)
-    assert submitted.returncode == 0 and "Successfully started run" in submitted.stdout, submitted.stdout + submitted.stderr
+    submitted = fleet.submit_run(overrides)
     rows_so_far = out / "run" / "metrics.jsonl"  # appended as each phase ends
 
     def round_one_evaluated() -> bool:

@@ -32,8 +32,7 @@ def test_a_supernode_that_dies_and_comes_back_continues_with_its_state(fleet, tm
         f"num-clients=3 min-clients=2 round-timeout=60.0 wait-timeout=120.0 num-server-rounds=3 "
         f"output-dir='{out}' run-name='run'"
     )
-    submitted = fleet.flwr("run", ".", "loop", "--run-config", overrides)
-    assert submitted.returncode == 0 and "Successfully started run" in submitted.stdout, submitted.stdout + submitted.stderr
+    fleet.submit_run(overrides)
     metrics = out / "run" / "metrics.json"
     state_file = state_dirs[2] / "run" / "partition-2.state"
     # mid-run: as soon as node 2 has written its state (its head trained in round 1's fit)

@@ -128,8 +128,7 @@ def test_tls_with_supernode_authentication_runs_registered_nodes_and_refuses_the
         f"num-clients=2 min-clients=2 round-timeout=60.0 wait-timeout=60.0 num-server-rounds=2 "
         f"output-dir='{out}' run-name='run'"
     )
-    submitted = fleet.flwr("run", ".", "fleet-tls", "--run-config", overrides)
-    assert submitted.returncode == 0 and "Successfully started run" in submitted.stdout, submitted.stdout + submitted.stderr
+    fleet.submit_run(overrides, "fleet-tls")
     status = fleet.wait_for_run("fleet-tls", timeout=300)
     assert status == "finished:completed", (status, fleet.logs())
     rows = json.loads((out / "run" / "metrics.json").read_text())
