@@ -37,6 +37,17 @@ CHILD_ENV = {
 
 
 # ------------------------------------------------------------------------------ this process
+def best_of(fn: Any, repeats: int) -> float:
+    """The shortest wall time of ``repeats`` calls of ``fn`` (the least disturbed by a shared
+    machine)."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
 def reset_peak_memory() -> None:
     """Reset the kernel's peak-RSS counter for this process (Linux; no-op elsewhere)."""
     try:

@@ -22,23 +22,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from bench_common import best_of
 from flwr_pfl.core import fedora as core
 from flwr_pfl.core.aggregation import weighted_average
-
-
-def best_of(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def measure(k: int, p: int, d: int, repeats: int, seed: int = 0) -> dict[str, float]:

@@ -33,20 +33,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench_common import best_of
 from flwr_pfl.app.checkpoint import CHECKPOINT_NAME, read_checkpoint, write_checkpoint
 from flwr_pfl.app.results import ResultsWriter
 from flwr_pfl.core import fedora as core
 from flwr_pfl.strategies.fedora import FEDORA
 from flwr_pfl.strategies.validation import ClientReply
-
-
-def best_of(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 # ------------------------------------------------------------------------------ results files
