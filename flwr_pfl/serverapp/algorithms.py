@@ -52,8 +52,8 @@ def message_flavour(logic_class: type[PFLStrategy]) -> type[PFLMessageStrategy]:
         kwargs = legacy_arguments(kwargs)
         if "num_clients" in kwargs:
             PFLMessageStrategy.__init__(self, logic_class(*args, **kwargs))
-        else:  # as Flower's strategies: the federation's size is learned from the grid at start()
-            logic_class(*args, num_clients=1, **kwargs)  # the arguments are checked now, not at start()
+        else:  # as Flower's strategies: the federation's size is learned from the grid at start(),
+            # and the arguments are checked then (their bounds depend on it: min_available_clients)
             PFLMessageStrategy.__init__(self, build=lambda num_clients: logic_class(*args, num_clients=num_clients, **kwargs))
 
     __init__.__signature__ = inspect.signature(logic_class.__init__)  # type: ignore[attr-defined]

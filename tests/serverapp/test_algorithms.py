@@ -7,6 +7,7 @@ import pytest
 from flwr.serverapp.strategy import Strategy
 
 import flwr_pfl.serverapp as serverapp
+from flwr_pfl.errors import ConfigError
 from flwr_pfl import strategies
 from flwr_pfl.serverapp import MESSAGE_STRATEGIES, PFLMessageStrategy
 
@@ -34,9 +35,14 @@ def test_an_argument_under_both_names_is_refused() -> None:
         serverapp.FedAvg(num_clients=4, fraction_train=0.5, fraction_fit=0.5)
 
 
-def test_without_num_clients_the_logic_waits_for_start_but_the_arguments_are_checked_now() -> None:
-    strategy = serverapp.FedRep(fraction_train=0.5)
+def test_without_num_clients_the_logic_and_its_checks_wait_for_the_federations_size() -> None:
+    strategy = serverapp.FedRep(fraction_train=0.5, min_available_nodes=4, min_train_nodes=3)
     with pytest.raises(RuntimeError, match="built by start"):
         _ = strategy.logic
+    logic = strategy._build(6)  # what start() does once the grid says the federation's size
+    assert (logic.num_clients, logic.fraction_fit, logic.min_available_clients, logic.min_fit_clients) == (6, 0.5, 4, 3)
+    serverapp.FedGP(fraction_evaluate=0.5)  # full participation is checked against the size, later
     with pytest.raises(ValueError, match="fraction_fit"):
-        serverapp.FedRep(fraction_train=1.5)
+        serverapp.FedRep(fraction_train=1.5)._build(6)
+    with pytest.raises(ConfigError, match="min_available_clients=4"):
+        serverapp.FedRep(min_available_nodes=4)._build(3)
