@@ -38,6 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import reproduce_report as report  # noqa: E402
+import reproduce_tuning as tuning  # noqa: E402
 from reproduce_tables import TABLES, Table  # noqa: E402
 
 #: (run config) -> the run's metric rows (all phases); the default runs the app in-process
@@ -50,13 +51,20 @@ DOCS = ROOT / "docs" / "reproduce"
 @dataclass(frozen=True, eq=False)
 class Run:
     """One (column, method, seed) of a table at a scale, with its full run config (hashed by
-    identity: a plan's runs are dictionary keys)."""
+    identity: a plan's runs are dictionary keys). ``lr_factor``: the method's learning rate
+    times this factor (1: the table's own run; other factors: a learning-rate sweep)."""
 
     column: str
     method: str
     seed: int
     config: dict[str, Any]
     result: Path
+    lr_factor: float = 1.0
+
+    @property
+    def label(self) -> str:
+        """The method's label, with the sweep factor when it is not the table's own run."""
+        return self.method if self.lr_factor == 1.0 else f"{self.method} (lr x{self.lr_factor:g})"
 
 
 def slug(text: str) -> str:
@@ -77,9 +85,14 @@ def base_config(table: Table, scale: str, column, method) -> dict[str, Any]:
 
 
 def plan(table: Table, scale: str, seeds: list[int], results: Path, methods: list[str] | None = None,
-         columns: list[str] | None = None) -> list[Run]:
+         columns: list[str] | None = None, lr_factors: list[float] | None = None) -> list[Run]:
     """Every run of the table (of ``methods`` and ``columns`` only, when given), its
     configuration checked by the app before anything runs.
+
+    With ``lr_factors``, every method also runs with its learning rate (``learning-rate``, the
+    run key every other rate of the suite is a ratio of) times each factor: a learning-rate
+    sweep that gives every row, the reference included, the same tuning effort. Factor 1 is the
+    table's own run (the same result file).
 
     Raises:
         flwr_pfl.errors.ConfigError: a method's configuration does not parse or its strategy
@@ -97,6 +110,10 @@ def plan(table: Table, scale: str, seeds: list[int], results: Path, methods: lis
     unknown_columns = sorted(set(columns or ()) - set(names))
     if unknown_columns:
         raise SystemExit(f"--columns: {unknown_columns} not in table {table.name}; its columns: {names}")
+    bad = [f for f in lr_factors or () if not (isinstance(f, (int, float)) and 0 < f < float("inf"))]
+    if bad:
+        raise SystemExit(f"--lr-factors: {bad} are not positive finite numbers (a factor multiplies each method's learning rate)")
+    factors = sorted({1.0, *map(float, lr_factors or ())})
     runs = []
     for column in table.columns:
         if columns and column.name not in columns:
@@ -104,11 +121,14 @@ def plan(table: Table, scale: str, seeds: list[int], results: Path, methods: lis
         for method in table.methods:
             if methods and method.label not in methods:
                 continue
-            out = results / table.name / scale / slug(column.name) / slug(method.label)
             base = base_config(table, scale, column, method)
-            configs = run_configs(base, [method.algorithm], seeds, out)[method.algorithm]
-            for seed, config in zip(seeds, configs):
-                runs.append(Run(column.name, method.label, seed, config, out.parent / f"{slug(method.label)}-s{seed}.json"))
+            for factor in factors:
+                name = slug(method.label) + ("" if factor == 1.0 else f"_lr-x{factor:g}")
+                out = results / table.name / scale / slug(column.name) / name
+                swept = base | {"learning-rate": base["learning-rate"] * factor}
+                configs = run_configs(swept, [method.algorithm], seeds, out)[method.algorithm]
+                for seed, config in zip(seeds, configs):
+                    runs.append(Run(column.name, method.label, seed, config, out.parent / f"{name}-s{seed}.json", factor))
     # seed by seed: a table stopped early still has complete paired sets for its first seeds
     return sorted(runs, key=lambda r: seeds.index(r.seed))
 
@@ -214,7 +234,7 @@ def run_all(runs: list[Run], run_fn: RunFn | None = None, jobs: int = 1, log: Ca
         spent.append(payload["seconds"])
         left = len(todo) - len(spent)
         eta = sum(spent) / len(spent) * left / max(1, jobs)
-        log(f"[{len(spent)}/{len(todo)}] {run.column} | {run.method} | seed {run.seed}: {payload['seconds']:.0f} s; "
+        log(f"[{len(spent)}/{len(todo)}] {run.column} | {run.label} | seed {run.seed}: {payload['seconds']:.0f} s; "
             f"elapsed {(time.perf_counter() - start) / 60:.1f} min, ETA {eta / 60:.1f} min")
 
     if jobs <= 1 or not todo:
@@ -231,10 +251,13 @@ def run_all(runs: list[Run], run_fn: RunFn | None = None, jobs: int = 1, log: Ca
 
 
 def collect(table: Table, results: dict[Run, dict[str, Any]]) -> tuple[dict, dict]:
-    """Per column, method and seed: the run's figure and its extra figures."""
+    """Per column, method and seed: the run's figure and its extra figures (the table's own runs,
+    learning-rate factor 1)."""
     figures: dict[str, dict[str, dict[int, float]]] = {}
     extras: dict[str, dict[str, dict[str, dict[int, float]]]] = {}
     for run, payload in results.items():
+        if run.lr_factor != 1.0:
+            continue
         rows = payload["rows"]
         value = report.run_figure(rows, table.metric, table.last)
         if value is not None:
@@ -259,6 +282,21 @@ def write_table(table: Table, scale: str, results: dict[Run, dict[str, Any]], co
     return page
 
 
+def write_sweep(table: Table, scale: str, results: dict[Run, dict[str, Any]], command: str, docs: Path = DOCS) -> Path:
+    """Write the learning-rate sweep's ``<docs>/<table>-<scale>-lr.md`` and ``.json``; returns the page."""
+    figures: tuning.SweepFigures = {}
+    for run, payload in results.items():
+        value = report.run_figure(payload["rows"], table.metric, table.last)
+        if value is not None:
+            figures.setdefault(run.column, {}).setdefault(run.method, {}).setdefault(run.lr_factor, {})[run.seed] = value
+    summary = tuning.summarize(table, figures)
+    docs.mkdir(parents=True, exist_ok=True)
+    page = docs / f"{table.name}-{scale}-lr.md"
+    page.write_text(tuning.markdown(table, scale, summary, command))
+    (docs / f"{table.name}-{scale}-lr.json").write_text(json.dumps(summary, indent=1, default=float))
+    return page
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("table", nargs="?", choices=sorted(TABLES))
@@ -267,7 +305,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=1, help="parallel worker processes")
     parser.add_argument("--methods", nargs="+", help="only these methods (labels); default: all")
     parser.add_argument("--columns", nargs="+", help="only these columns (names); default: all")
+    parser.add_argument("--lr-factors", nargs="+", type=float, metavar="F",
+                        help="also run every method at its learning rate times each F (e.g. 0.5 2) and write the "
+                             "sweep's page <table>-<scale>-lr.md")
     parser.add_argument("--results", type=Path, default=DOCS / "results", help="one JSON per finished run")
+    parser.add_argument("--docs", type=Path, default=DOCS, help="where the pages go")
     parser.add_argument("--report-only", action="store_true", help="write the page from the finished runs; run nothing")
     parser.add_argument("--list", action="store_true", help="list the tables and their scales")
     args = parser.parse_args(argv)
@@ -283,20 +325,25 @@ def main(argv: list[str] | None = None) -> None:
     from flwr_pfl.errors import ConfigError
 
     try:
-        runs = plan(table, args.scale, seeds, args.results.resolve(), args.methods, args.columns)
+        runs = plan(table, args.scale, seeds, args.results.resolve(), args.methods, args.columns, args.lr_factors)
     except ConfigError as err:
         raise SystemExit(f"table {table.name}, scale {args.scale}: {err}") from err
     if args.report_only:
         results = {r: p for r in runs if (p := finished(r)) is not None}
     else:
         results = run_all(runs, jobs=args.jobs)
-    command = f"python simulations/reproduce.py {table.name} --scale {args.scale} --seeds {' '.join(map(str, seeds))}"
-    if args.methods:
-        command += " --methods " + " ".join(f"'{m}'" for m in args.methods)
-    if args.columns:
-        command += " --columns " + " ".join(f"'{c}'" for c in args.columns)
-    print(f"wrote {write_table(table, args.scale, results, command)}")
-
+    table_command = f"python simulations/reproduce.py {table.name} --scale {args.scale} --seeds {' '.join(map(str, seeds))}"
+    if args.lr_factors:
+        command = table_command + " --lr-factors " + " ".join(f"{f:g}" for f in args.lr_factors)
+        if args.methods:
+            command += " --methods " + " ".join(f"'{m}'" for m in args.methods)
+        if args.columns:
+            command += " --columns " + " ".join(f"'{c}'" for c in args.columns)
+        print(f"wrote {write_sweep(table, args.scale, results, command, args.docs)}")
+    # the table's page shows every finished run of the table at these seeds, not only this
+    # invocation's subset (a run of one column or method adds to the page, never shrinks it)
+    whole = {r: p for r in plan(table, args.scale, seeds, args.results.resolve()) if (p := finished(r)) is not None}
+    print(f"wrote {write_table(table, args.scale, whole, table_command, args.docs)}")
 
 if __name__ == "__main__":
     main()

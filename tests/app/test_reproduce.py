@@ -274,3 +274,79 @@ def test_unknown_method_or_column_names_stop_before_anything_runs(tmp_path):
         R.plan(table, "quick", [0], tmp_path, columns=["noise"])
     with pytest.raises(SystemExit, match="has scales"):
         R.plan(table, "huge", [0], tmp_path)
+
+
+# ------------------------------------------------------------------------------------------
+# learning-rate sweep (same tuning effort for every row)
+# ------------------------------------------------------------------------------------------
+
+import reproduce_tuning as tuning  # noqa: E402
+
+
+def test_a_sweep_plan_multiplies_each_methods_own_learning_rate(tmp_path):
+    table = TABLES["feddar-fig1"]
+    plain = R.plan(table, "quick", [0], tmp_path, methods=["FedDAR-SA", "Separate FedAvg"])
+    swept = R.plan(table, "quick", [0], tmp_path, methods=["FedDAR-SA", "Separate FedAvg"], lr_factors=[0.5, 2])
+    assert len(swept) == 3 * len(plain)
+    rates = {(r.method, r.lr_factor): r.config["learning-rate"] for r in swept}
+    assert rates[("FedDAR-SA", 0.5)] == pytest.approx(0.1) and rates[("FedDAR-SA", 2.0)] == pytest.approx(0.4)
+    assert rates[("Separate FedAvg", 0.5)] == pytest.approx(0.015) and rates[("Separate FedAvg", 2.0)] == pytest.approx(0.06)
+    # factor 1 is the table's own run: same file, same configuration; the others have their own
+    assert {r.result for r in plain} == {r.result for r in swept if r.lr_factor == 1.0}
+    assert len({r.result for r in swept}) == len(swept)
+    assert len({r.config["output-dir"] for r in swept}) == len(swept)
+    assert [r for r in swept if r.lr_factor == 2.0][0].label == "FedDAR-SA (lr x2)"
+    for bad in ([0.0], [-1.0], [math.inf]):
+        with pytest.raises(SystemExit, match="--lr-factors"):
+            R.plan(table, "quick", [0], tmp_path, lr_factors=bad)
+
+
+@pytest.mark.parametrize("higher, log, values, best", [
+    (True, False, {0.5: [0.6, 0.62], 1.0: [0.7, 0.7], 2.0: [0.65, 0.8]}, 2.0),    # best mean, not best seed
+    (False, False, {0.5: [0.3, 0.3], 1.0: [0.2, 0.2], 2.0: [0.25, 0.25]}, 1.0),   # lower is better
+    (False, True, {0.5: [1e-6, 1e-2], 1.0: [1e-3, 1e-3], 2.0: [1e-2, 1e-2]}, 0.5),  # log10 mean: -4 < -3
+    (True, False, {0.25: [0.7], 1.0: [0.7], 4.0: [0.7]}, 1.0),                    # a tie goes to x1
+    (True, False, {0.5: [0.7], 4.0: [0.7]}, 0.5),                                 # ... or the factor nearer 1
+    (True, False, {0.5: [math.nan], 2.0: [0.1]}, 2.0),                            # NaN runs never win
+])
+def test_best_factor(higher, log, values, best):
+    per_factor = {f: dict(enumerate(v)) for f, v in values.items()}
+    assert tuning.best_factor(per_factor, higher, log) == best
+
+
+def test_sweep_page_compares_every_row_at_its_best_rate(tmp_path):
+    table = _toy_table()
+    # "base" is worse than "new" at x1 but better at x2; "new" is best at x0.5 (an edge of the grid)
+    values = {("new", 0.5): [0.84, 0.85, 0.86], ("new", 1.0): [0.80, 0.82, 0.81], ("new", 2.0): [0.5, 0.5, 0.5],
+              ("base", 0.5): [0.6, 0.6, 0.6], ("base", 1.0): [0.70, 0.71, 0.72], ("base", 2.0): [0.90, 0.91, 0.92]}
+    results = {R.Run("col", m, s, {}, tmp_path / f"{m}{f}{s}", f): {"rows": _rows(v), "seconds": 1.0}
+               for (m, f), vs in values.items() for s, v in enumerate(vs)}
+    summary = tuning.summarize(table, {"col": {m: {f: {s: v for s, v in enumerate(vs)} for (mm, f), vs in values.items() if mm == m}
+                                               for m in ("new", "base")}})
+    new, base = summary["col"]["new"], summary["col"]["base"]
+    assert (new["best"], new["edge"], base["best"], base["edge"]) == (0.5, True, 2.0, True)
+    assert base["untuned"]["verdict"] == "behind" and base["untuned"]["mean"] == pytest.approx(-0.1)
+    assert base["tuned"]["verdict"] == "ahead" and base["tuned"]["mean"] == pytest.approx(0.91 - 0.85)
+    page = R.write_sweep(table, "quick", results, "cmd --lr-factors 0.5 2", docs=tmp_path).read_text()
+    line = next(x for x in page.splitlines() if x.startswith("| base |"))
+    assert "**0.9100 ± 0.0100**" in line and "x2 (edge)" in line
+    assert "-0.1000 ± 0.0100, worse" in line and "+0.0600 ± 0.0000, better" in line
+    assert json.loads((tmp_path / "toy-quick-lr.json").read_text())["col"]["new"]["best"] == 0.5
+    # the table's own page reads factor 1 only
+    R.write_table(table, "quick", results, "cmd", docs=tmp_path)
+    own = json.loads((tmp_path / "toy-quick.json").read_text())
+    assert own["col"]["base"]["mean"] == pytest.approx(0.71) and own["col"]["new"]["n"] == 3
+
+
+def test_a_run_of_one_method_adds_to_the_tables_page_and_writes_the_sweep(tmp_path):
+    table = TABLES["fedgp-label"]
+    for run in R.plan(table, "quick", [0, 1], tmp_path, methods=["Target Only", "FedGP_Auto"], lr_factors=[2]):
+        value = 0.8 + 0.01 * run.seed + (0.05 if run.lr_factor == 2 and run.method == "Target Only" else 0)
+        R.execute(run, lambda config, v=value: [{"round": 1, "phase": "evaluate", "target_accuracy": v}])
+    R.main(["fedgp-label", "--seeds", "0", "1", "--methods", "Target Only", "--lr-factors", "2",
+            "--results", str(tmp_path), "--docs", str(tmp_path), "--report-only"])
+    page = (tmp_path / "fedgp-label-quick.md").read_text()
+    assert "| FedGP_Auto |" in page and "| Target Only |" in page  # not only this invocation's method
+    assert "--methods" not in page
+    sweep = json.loads((tmp_path / "fedgp-label-quick-lr.json").read_text())
+    assert list(sweep[table.columns[0].name]) == ["Target Only"] and sweep[table.columns[0].name]["Target Only"]["best"] == 2.0
