@@ -73,13 +73,14 @@ def slug(text: str) -> str:
 
 
 def base_config(table: Table, scale: str, column, method) -> dict[str, Any]:
-    """Preset, then the scale's, the column's (and its per-scale) and the method's overrides,
+    """Preset, then the scale's, the column's and the method's overrides (each then its per-scale ones),
     completed with the app's defaults (as ``flwr run`` fuses them)."""
     from flwr_pfl.app.appdir import default_run_config
     from flwr_pfl.app.overrides import parse_overrides
 
     overrides = parse_overrides([str(ROOT / column.preset)])
-    for layer in (table.scales[scale].overrides, column.overrides, column.per_scale.get(scale, {}), method.overrides):
+    for layer in (table.scales[scale].overrides, column.overrides, column.per_scale.get(scale, {}), method.overrides,
+                  method.per_scale.get(scale, {})):
         overrides.update(layer)
     return default_run_config(overrides)
 

@@ -240,6 +240,12 @@ def test_paper_scale_of_the_other_tables():
     fmtl = _config("fmtl-table1", "paper")
     assert (fmtl["num-server-rounds"], fmtl["fmtl.t1-rounds"], fmtl["learning-rate"]) == (110, 100, 0.01)
     assert (fmtl["num-clients"], fmtl["fraction-fit"], fmtl["local-epochs"]) == (100, 0.1, 1)
+    rows = {m.label: i for i, m in enumerate(TABLES["fmtl-table1"].methods)}
+    fedprox = _config("fmtl-table1", "paper", method=rows["FedProx"])  # spec P10: the T1 rounds only, mu 0.1
+    assert (fedprox["num-server-rounds"], fedprox["fmtl.prox-mu"]) == (100, 0.1)
+    assert _config("fmtl-table1", "quick", method=rows["FedProx"])["num-server-rounds"] == 15
+    prox_ew = _config("fmtl-table1", "paper", method=rows["FedProx + EW"])
+    assert (prox_ew["num-server-rounds"], prox_ew["fmtl.prox-mu"], prox_ew["fmtl.head-weighting"]) == (110, 0.1, "ew_participants")
     fig1 = _config("feddar-fig1", "paper")
     assert (fig1["num-clients"], fig1["num-server-rounds"], fig1["samples-per-client"] * (1 - fig1["test-fraction"])) == (100, 300, 10)
     assert fig1["learning-rate"] == 0.1 and _config("feddar-fig1", "paper", method=4)["learning-rate"] == 0.03
