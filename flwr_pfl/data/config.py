@@ -24,6 +24,7 @@ PARTITIONERS = (
     "label-shift",
 )
 DOMAIN_TRANSFORMS = ("none", "rotation", "color", "corruption")
+DOMAIN_CLIENT_PARTITIONERS = ("one-domain-per-client", "domain-dirichlet")
 
 
 @dataclass(frozen=True)
@@ -39,11 +40,12 @@ class DataConfig:
         download [download]: let torchvision download a missing dataset (needs internet).
         partitioner [partitioner]: how samples are dealt to clients: iid, dirichlet (label
             skew), pathological (k classes per client), domain-mixture (Dirichlet domain mix,
-            fixed size), one-domain-per-client (client k holds domain k mod M, split IID among
-            that domain's clients), domain-dirichlet (the same, split with Dirichlet
-            ``dirichlet_alpha`` label skew among that domain's clients), label-shift (the last
-            client gets 1 - eta of the ``shifted-classes`` and eta of the others, the other
-            clients split the rest equally: FedGP's App. C.7 label shift).
+            fixed size), one-domain-per-client (client k holds domain k mod M, or as
+            ``domain_clients`` says, split IID among that domain's clients), domain-dirichlet
+            (the same, split with Dirichlet ``dirichlet_alpha`` label skew among that domain's
+            clients), label-shift (the last client gets 1 - eta of the ``shifted-classes``
+            and eta of the others, the other clients split the rest equally: FedGP's App. C.7
+            label shift).
         label_shift_eta [label-shift-eta]: eta of label-shift, in [0, 0.5] (0.5 = no shift).
         shifted_classes [shifted-classes]: label-shift's D1 classes, comma-separated
             (default "8,6,9", the paper's code for Fashion-MNIST).
@@ -53,8 +55,19 @@ class DataConfig:
             dataset into ``num_domains`` domains (``flwr_pfl.data.domains``).
         num_domains [num-domains]: number of domains made by the transform (1 for none; a
             dataset with natural domains brings its own count).
+        domain_clients [domain-clients]: for one-domain-per-client and domain-dirichlet, how
+            many clients each domain gets, comma-separated, one positive count per domain,
+            summing to the number of clients: "9,1" gives domain 0 clients 0-8 and domain 1
+            client 9 (FedGP's nine clean sources and one noisy target). With a domain
+            transform the domains' shares of the samples follow the counts too, so that every
+            client gets about as much data (a dataset's own domains keep their sizes). ""
+            (default): client k holds domain k mod M, and the transform makes equal domains.
         rotation_step [rotation-step]: degrees between consecutive rotation domains, > 0.
         clean_domain [clean-domain]: for corruption, make domain 0 the unchanged images.
+        noise_std [noise-std]: for corruption, the std of the additive gaussian noise, in
+            [0, 1] pixel units (before standardisation), >= 0 (default 0.3).
+        noise_clip [noise-clip]: for corruption, clip noisy pixels to [0, 1] (default true;
+            false: FedGP App. C.7's unclipped noise).
         domain_alpha [domain-alpha]: concentration of the domain-mixture partitioner, > 0.
         samples_per_client [samples-per-client]: exact client size for domain-mixture
             (required > 0 there); for the other partitioners a positive value caps each
@@ -76,8 +89,11 @@ class DataConfig:
     classes_per_client: int = 2
     domain_transform: str = "none"
     num_domains: int = 1
+    domain_clients: str = ""
     rotation_step: float = 15.0
     clean_domain: bool = False
+    noise_std: float = 0.3  # domains.NOISE_STD (not imported: it would load torch here)
+    noise_clip: bool = True
     domain_alpha: float = 1.0
     samples_per_client: int = 0
     max_samples: int = 0
@@ -118,8 +134,11 @@ class DataConfig:
                 "1 when domain-transform is 'none' (set domain-transform to rotation, color "
                 "or corruption to make several domains)",
             )
+        self._check_domain_clients()
         _check_number(self, "rotation_step", low=0.0, low_open=True)
         _check_type(self, "clean_domain", bool)
+        _check_number(self, "noise_std", low=0.0)
+        _check_type(self, "noise_clip", bool)
         if self.domain_transform == "corruption":
             from flwr_pfl.data.domains import Corruption  # torchvision only when needed
 
@@ -143,6 +162,62 @@ class DataConfig:
                 f"{self.val_fraction}), so that clients keep training samples",
             )
         _check_int(self, "seed")
+
+    def _check_domain_clients(self) -> None:
+        """``domain_clients``: its type, its partitioner, its format and (with a domain
+        transform, which fixes the domain count) one count per domain."""
+        _check_type(self, "domain_clients", str)
+        if not self.domain_clients.strip():
+            return
+        if self.partitioner not in DOMAIN_CLIENT_PARTITIONERS:
+            _fail(
+                "domain_clients",
+                self.domain_clients,
+                f"'' with partitioner {self.partitioner!r} (it sets the clients of each domain "
+                f"for {' and '.join(repr(p) for p in DOMAIN_CLIENT_PARTITIONERS)})",
+            )
+        known = self.num_domains if self.domain_transform != "none" else None
+        self.domain_client_counts(num_domains=known)
+
+    def domain_client_counts(
+        self, num_domains: int | None = None, num_clients: int | None = None
+    ) -> tuple[int, ...] | None:
+        """``domain_clients`` as integers, or None for the default layout (client k holds
+        domain k mod M).
+
+        Raises:
+            ConfigError: the counts are not positive integers, or (when given) there is not one
+                per domain or they do not sum to the number of clients.
+        """
+        text = self.domain_clients
+        if not text.strip():
+            return None
+        try:
+            counts = tuple(int(c) for c in text.split(","))
+        except ValueError:
+            counts = ()
+        if not counts or min(counts) < 1:
+            _fail(
+                "domain_clients",
+                text,
+                "comma-separated client counts >= 1, one per domain (e.g. '9,1'), or '' for "
+                "client k holding domain k mod M",
+            )
+        if num_domains is not None and len(counts) != num_domains:
+            _fail(
+                "domain_clients",
+                text,
+                f"one client count per domain: {num_domains} counts for the {num_domains} "
+                f"domains (num-domains or the dataset's own)",
+            )
+        if num_clients is not None and sum(counts) != num_clients:
+            _fail(
+                "domain_clients",
+                text,
+                f"client counts summing to the number of clients, {num_clients} (they sum to "
+                f"{sum(counts)})",
+            )
+        return counts
 
     def shifted_class_ids(self) -> tuple[int, ...]:
         """``shifted_classes`` as integers."""
@@ -209,6 +284,6 @@ def _check_number(
     if high is not None:
         inside = inside and value < high
     if not inside or not math.isfinite(value):
-        where = f"> {low}" if low_open else f"in [{low}, {high})"
+        where = f"> {low}" if low_open else f"in [{low}, {high})" if high is not None else f">= {low}"
         _fail(field, getattr(config, field), f"a number {where}")
     object.__setattr__(config, field, value)

@@ -9,8 +9,9 @@
   ("identity") domain 0.
 
 Base samples are split among the domains disjointly by :func:`assign_domains` (a seeded
-assignment, balanced overall and within every label), so no image appears in two domains and the
-domains share one label distribution: they differ in appearance only. Transforms act on float
+assignment, balanced overall and within every label, or in given integer shares), so no image
+appears in two domains and the domains share one label distribution: they differ in appearance
+only. Transforms act on float
 batches in [0, 1] of shape (N, C, H, W), one vectorised call per domain, with
 ``torchvision.transforms.v2.functional``; the only random one (noise) draws from a
 ``torch.Generator`` the caller seeds.
@@ -144,23 +145,26 @@ class ColorTint(DomainTransform):
 
 
 CORRUPTIONS = ("gaussian-noise", "blur", "contrast", "invert")
+NOISE_STD = 0.3  # default std of the gaussian-noise corruption, in [0, 1] pixel units
 
 
 class Corruption(DomainTransform):
     """Domain m gets corruption ``kinds[m]``; "identity" leaves images unchanged.
 
-    Strengths are fixed per kind and chosen to be clearly visible on 28x28 digits: additive
-    gaussian noise of std ``noise_std`` (clipped to [0, 1]), gaussian blur of std ``blur_sigma``
-    pixels (kernel 2 * ceil(3 * sigma) + 1), contrast scaled by ``contrast`` towards each image's
-    mean grey level, and inversion (1 - x).
+    Default strengths are chosen to be clearly visible on 28x28 digits: additive gaussian noise
+    of std ``noise_std`` (clipped to [0, 1] if ``noise_clip``; unclipped, as in FedGP's noisy
+    features, pixels leave [0, 1]), gaussian blur of std ``blur_sigma`` pixels (kernel
+    2 * ceil(3 * sigma) + 1), contrast scaled by ``contrast`` towards each image's mean grey
+    level, and inversion (1 - x).
     """
 
     def __init__(
         self,
         kinds: Sequence[str],
-        noise_std: float = 0.3,
+        noise_std: float = NOISE_STD,
         blur_sigma: float = 1.0,
         contrast: float = 0.3,
+        noise_clip: bool = True,
     ) -> None:
         allowed = ("identity", *CORRUPTIONS)
         unknown = [k for k in kinds if k not in allowed]
@@ -168,13 +172,20 @@ class Corruption(DomainTransform):
             raise ConfigError(f"corruption kinds must be among {allowed}; got {list(kinds)}")
         self.kinds = tuple(kinds)
         self.noise_std = noise_std
+        self.noise_clip = noise_clip
         self.blur_sigma = blur_sigma
         self.contrast = contrast
 
     @classmethod
-    def first(cls, num_domains: int, clean: bool = False) -> Corruption:
+    def first(
+        cls,
+        num_domains: int,
+        clean: bool = False,
+        noise_std: float = NOISE_STD,
+        noise_clip: bool = True,
+    ) -> Corruption:
         """The first ``num_domains`` of (identity if ``clean``), gaussian-noise, blur, contrast,
-        invert."""
+        invert; the noise as ``noise_std`` and ``noise_clip`` say."""
         kinds = (("identity",) if clean else ()) + CORRUPTIONS
         if num_domains > len(kinds):
             raise ConfigError(
@@ -182,7 +193,7 @@ class Corruption(DomainTransform):
                 f"'corruption' and clean-domain={clean} (corruptions: {', '.join(kinds)}); "
                 f"got {num_domains}"
             )
-        return cls(kinds[:num_domains])
+        return cls(kinds[:num_domains], noise_std=noise_std, noise_clip=noise_clip)
 
     @property
     def num_domains(self) -> int:
@@ -192,7 +203,8 @@ class Corruption(DomainTransform):
         kind = self.kinds[m]
         if kind == "gaussian-noise":
             noise = torch.randn(x.shape, generator=generator, dtype=x.dtype)
-            return (x + self.noise_std * noise).clamp_(0.0, 1.0)
+            noisy = x + self.noise_std * noise
+            return noisy.clamp_(0.0, 1.0) if self.noise_clip else noisy
         if kind == "blur":
             size = 2 * math.ceil(3 * self.blur_sigma) + 1
             return _functional().gaussian_blur(x, [size, size], [self.blur_sigma, self.blur_sigma])
@@ -204,7 +216,13 @@ class Corruption(DomainTransform):
 
 
 def make_domain_transform(
-    kind: str, num_domains: int, *, rotation_step: float = 15.0, clean_domain: bool = False
+    kind: str,
+    num_domains: int,
+    *,
+    rotation_step: float = 15.0,
+    clean_domain: bool = False,
+    noise_std: float = NOISE_STD,
+    noise_clip: bool = True,
 ) -> DomainTransform | None:
     """The transform named by the config's ``domain-transform`` (None for "none")."""
     if kind == "none":
@@ -214,17 +232,24 @@ def make_domain_transform(
     if kind == "color":
         return ColorTint.evenly(num_domains)
     if kind == "corruption":
-        return Corruption.first(num_domains, clean_domain)
+        return Corruption.first(num_domains, clean_domain, noise_std, noise_clip)
     raise ConfigError(
         f"data config key 'domain-transform' must be one of 'none', 'rotation', 'color', "
         f"'corruption'; got {kind!r}"
     )
 
 
-def assign_domains(labels: np.ndarray, num_domains: int, seed: int) -> np.ndarray:
+def assign_domains(
+    labels: np.ndarray, num_domains: int, seed: int, shares: Sequence[int] | None = None
+) -> np.ndarray:
     """One domain per sample, seeded: balanced overall and within each label, so domains hold
-    disjoint samples with the same label distribution."""
-    return balanced_assignment(labels, num_domains, stage_rng(seed, "domains"))
+    disjoint samples with the same label distribution.
+
+    With integer ``shares`` (one per domain) domain m gets ``shares[m] / sum(shares)`` of the
+    samples, overall and within each label (the config's ``domain-clients``: a domain's share
+    follows its number of clients, so that every client gets about as much data).
+    """
+    return balanced_assignment(labels, num_domains, stage_rng(seed, "domains"), shares)
 
 
 def to_domains(data: ArraySplit, transform: DomainTransform, seed: int = 0) -> ArraySplit:

@@ -91,6 +91,8 @@ def prepare_pool(config: DataConfig) -> PreparedPool:
         config.num_domains,
         rotation_step=config.rotation_step,
         clean_domain=config.clean_domain,
+        noise_std=config.noise_std,
+        noise_clip=config.noise_clip,
     )
     if transform is not None:
         if pool.num_domains != 1:
@@ -105,7 +107,8 @@ def prepare_pool(config: DataConfig) -> PreparedPool:
                 f"{config.dataset!r}: its inputs of shape {tuple(pool.x.shape[1:])} are not "
                 f"images; got {config.domain_transform!r}"
             )
-        domain = assign_domains(labels, transform.num_domains, config.seed)
+        shares = config.domain_client_counts()  # domains as large as their client counts
+        domain = assign_domains(labels, transform.num_domains, config.seed, shares)
         pool = pool.with_domains(torch.from_numpy(domain), transform.num_domains)
     return PreparedPool(pool, labels, transform)
 
@@ -121,6 +124,7 @@ def client_splits(config: DataConfig, num_partitions: int) -> tuple[SplitIndices
             f"regression dataset {config.dataset!r} (it needs class labels); use 'iid', "
             f"'domain-mixture' or 'one-domain-per-client'"
         )
+    config.domain_client_counts(num_domains=prepared.num_domains, num_clients=num_partitions)
     partitioner = make_partitioner(config, num_partitions, len(prepared.pool))
     parts = partition_indices(
         partitioner, prepared.labels, prepared.pool.domain.numpy(), config.seed

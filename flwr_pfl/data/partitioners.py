@@ -8,8 +8,9 @@ its ``Partitioner``, so Flower users can use them in a ``FederatedDataset`` too:
   p the pooled domain distribution (FedDAR's controlled mixtures), and exactly
   ``samples_per_partition`` samples without replacement across clients.
 * :class:`OneDomainPerClientPartitioner`: client k holds domain k mod M (Rotated MNIST in FEDORA,
-  one corruption per client in pFedFDA); the clients of a domain split it IID, or with
-  Dirichlet label skew (``domain-dirichlet``).
+  one corruption per client in pFedFDA), or each domain gets a given number of consecutive
+  clients (FedGP's nine clean sources and one noisy target); the clients of a domain split it
+  IID, or with Dirichlet label skew (``domain-dirichlet``).
 * :class:`LabelShiftPartitioner`: FedGP's Fashion-MNIST label shift (App. C.7): the last client
   (the target) gets a fraction 1 - eta of a few "shifted" classes and eta of the others; the
   other clients (the sources) split the rest equally.
@@ -25,6 +26,7 @@ from __future__ import annotations
 import os
 import warnings
 from abc import abstractmethod
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -152,6 +154,10 @@ class DomainMixturePartitioner(IndexPartitioner):
 class OneDomainPerClientPartitioner(IndexPartitioner):
     """Client k holds only the (k mod M)-th domain; the clients sharing a domain split it.
 
+    With ``domain_clients`` (one count per domain, summing to ``num_partitions``) the domains
+    get consecutive clients instead: (9, 1) gives the first domain clients 0-8 and the second
+    client 9.
+
     By default they split it IID. With ``label_alpha``, they split it with label skew: for each
     class of the domain, the class's samples are dealt to the domain's clients in proportions
     drawn from Dir(label_alpha), as Flower's Dirichlet partitioner does for a whole dataset
@@ -168,12 +174,21 @@ class OneDomainPerClientPartitioner(IndexPartitioner):
         seed: int = 42,
         label_alpha: float | None = None,
         label_column: str = "label",
+        domain_clients: Sequence[int] | None = None,
     ) -> None:
         super().__init__(num_partitions, partition_by, seed)
         if label_alpha is not None and not label_alpha > 0:
             raise ValueError(f"label_alpha must be > 0 (or None for IID); got {label_alpha}")
+        if domain_clients is not None and (
+            min(domain_clients, default=0) < 1 or sum(domain_clients) != num_partitions
+        ):
+            raise ValueError(
+                f"domain_clients must be counts >= 1 summing to num_partitions={num_partitions}; "
+                f"got {list(domain_clients)}"
+            )
         self._label_alpha = label_alpha
         self._label_column = label_column
+        self._domain_clients = None if domain_clients is None else tuple(domain_clients)
 
     def partition_indices(self) -> list[np.ndarray]:
         """Row indices of every partition (computed once)."""
@@ -188,6 +203,7 @@ class OneDomainPerClientPartitioner(IndexPartitioner):
     def _split(self, groups: np.ndarray, labels: np.ndarray | None) -> list[np.ndarray]:
         rng = np.random.default_rng(self._seed)
         domains = np.unique(groups)
+        clients_of = self._clients_of_domains(len(domains))
         if self._num_partitions < len(domains):
             warnings.warn(
                 f"one-domain-per-client: {self._num_partitions} clients for {len(domains)} "
@@ -195,8 +211,7 @@ class OneDomainPerClientPartitioner(IndexPartitioner):
                 stacklevel=2,
             )
         parts: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * self._num_partitions
-        for m, d in enumerate(domains):
-            clients = list(range(m, self._num_partitions, len(domains)))
+        for d, clients in zip(domains, clients_of):
             if not clients:
                 continue
             rows = rng.permutation(np.flatnonzero(groups == d))
@@ -207,6 +222,18 @@ class OneDomainPerClientPartitioner(IndexPartitioner):
             for k, chunk in zip(clients, chunks):
                 parts[k] = chunk
         return parts
+
+    def _clients_of_domains(self, num_domains: int) -> list[list[int]]:
+        """The clients of each domain present: k mod M, or consecutive runs of the given counts."""
+        if self._domain_clients is None:
+            return [list(range(m, self._num_partitions, num_domains)) for m in range(num_domains)]
+        if len(self._domain_clients) != num_domains:
+            raise ValueError(
+                f"domain_clients has {len(self._domain_clients)} counts "
+                f"{list(self._domain_clients)} but the data holds {num_domains} domains"
+            )
+        ends = np.cumsum(self._domain_clients).tolist()
+        return [list(range(end - n, end)) for n, end in zip(self._domain_clients, ends)]
 
     def _label_skewed(
         self, rows: np.ndarray, labels: np.ndarray, num_clients: int, rng: np.random.Generator
@@ -302,9 +329,13 @@ def make_partitioner(config: DataConfig, num_partitions: int, num_samples: int) 
         return LabelShiftPartitioner(
             num_partitions, config.label_shift_eta, config.shifted_class_ids(), seed=seed
         )
+    domain_clients = config.domain_client_counts(num_clients=num_partitions)
     if config.partitioner == "domain-dirichlet":
-        return OneDomainPerClientPartitioner(num_partitions, seed=seed, label_alpha=config.dirichlet_alpha)
-    return OneDomainPerClientPartitioner(num_partitions, seed=seed)
+        return OneDomainPerClientPartitioner(
+            num_partitions, seed=seed, label_alpha=config.dirichlet_alpha,
+            domain_clients=domain_clients,
+        )
+    return OneDomainPerClientPartitioner(num_partitions, seed=seed, domain_clients=domain_clients)
 
 
 def partition_indices(

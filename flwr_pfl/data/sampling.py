@@ -8,6 +8,7 @@ another and every simulation worker that rebuilds the data computes the same ind
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -60,16 +61,41 @@ def stratified_subsample(labels: np.ndarray, size: int, rng: np.random.Generator
 
 
 def balanced_assignment(
-    labels: np.ndarray, num_groups: int, rng: np.random.Generator
+    labels: np.ndarray,
+    num_groups: int,
+    rng: np.random.Generator,
+    shares: Sequence[int] | None = None,
 ) -> np.ndarray:
     """A group id in [0, num_groups) for every sample: balanced overall and within each label.
 
     Samples are ordered by label, randomly within a label, and dealt round-robin, so group
     sizes differ by at most one, and so do the sizes of one label within the groups. Each sample
     gets exactly one group.
+
+    With integer ``shares`` (one per group, >= 1) the round-robin cycle has ``sum(shares)`` slots,
+    ``shares[g]`` of them for group g, spread evenly over the cycle; group g then gets a fraction
+    ``shares[g] / sum(shares)`` of the samples, overall and within each label (up to rounding).
+    Equal shares deal exactly as without them.
     """
+    if shares is not None and len(shares) != num_groups:
+        raise ValueError(f"need one share per group ({num_groups}); got {list(shares)}")
+    cycle = np.arange(num_groups) if shares is None else _spread_slots(shares)
     n = len(labels)
     order = np.lexsort((rng.random(n), labels))
     groups = np.empty(n, dtype=np.int64)
-    groups[order] = np.arange(n) % num_groups
+    groups[order] = cycle[np.arange(n) % len(cycle)]
     return groups
+
+
+def _spread_slots(shares: Sequence[int]) -> np.ndarray:
+    """One round-robin cycle: group g in ``shares[g]`` slots, evenly spaced.
+
+    Slot j of group g sits at position (j + 1/2) / shares[g] of the cycle (ties: lower group
+    first), so every prefix of the cycle holds each group within about one slot of its share;
+    equal shares give 0, 1, ..., M - 1.
+    """
+    if any(s < 1 for s in shares):
+        raise ValueError(f"shares must be integers >= 1; got {list(shares)}")
+    groups = np.repeat(np.arange(len(shares)), shares)
+    positions = np.concatenate([(np.arange(s) + 0.5) / s for s in shares])
+    return groups[np.argsort(positions, kind="stable")]

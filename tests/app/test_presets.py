@@ -49,3 +49,28 @@ def test_an_unknown_preset_names_the_shipped_ones(item):
     with pytest.raises(ConfigError) as err:
         parse_overrides([item])
     assert "tiny" in str(err.value) and "fmnist_label_skew" in str(err.value)
+
+
+def test_fedgp_noise_paper_layout(data_dir):
+    """The paper's noisy Fashion-MNIST (FedGP App. C.7): 9 clean sources on equal i.i.d.
+    tenths, and the last client, the target, noisy (std 0.4, unclipped) in train and test."""
+    import torch
+
+    from flwr_pfl.data import describe_partition, load_client_data
+
+    raw = default_run_config(
+        parse_overrides(["fedgp_fmnist_noise_paper", "max-samples=3000", f"data-dir='{data_dir}'"])
+    )
+    experiment = parse_experiment({**raw, "algorithm": "fedgp"})
+    data, clients = experiment.data, experiment.run.num_clients
+    assert clients == 10 and experiment.options.target_partition == -1
+    assert experiment.options.target_train_samples == 100
+    summaries = describe_partition(data, clients)
+    assert [s.domain_counts for s in summaries] == [(300, 0)] * 9 + [(0, 300)]
+    target = load_client_data(data, clients - 1, clients)
+    source = load_client_data(data, 0, clients)
+    low, high = (-0.2860 / 0.3530, (1 - 0.2860) / 0.3530)  # [0, 1] after standardisation
+    for split in (target.train, target.test):
+        assert split.x.min() < low - 0.5 and split.x.max() > high + 0.5  # unclipped noise
+    assert low - 1e-5 <= source.test.x.min() and source.test.x.max() <= high + 1e-5
+    assert len(target.test) == 60 and torch.all(target.test.domain == 1)

@@ -43,6 +43,27 @@ def test_defaults_are_valid_and_hashable() -> None:
             {"domain_transform": "corruption", "num_domains": 5},
             ["'num-domains'", "<= 4", "5", "clean-domain=False"],
         ),
+        ({"noise_std": -0.1}, ["'noise-std'", "-0.1", ">= 0.0"]),
+        ({"noise_std": "0.4"}, ["'noise-std'", "'0.4'", "a number"]),
+        ({"noise_std": float("inf")}, ["'noise-std'", "inf"]),
+        ({"noise_clip": "false"}, ["'noise-clip'", "'false'", "bool"]),
+        ({"domain_clients": 9}, ["'domain-clients'", "9", "str"]),
+        *(
+            (
+                {"partitioner": "one-domain-per-client", "domain_clients": bad},
+                ["'domain-clients'", repr(bad), "client counts >= 1", "'9,1'"],
+            )
+            for bad in ("9,0", "9,-1", "a,b", "9,,1", "9.5,1", ",")
+        ),
+        (
+            {"domain_clients": "9,1"},
+            ["'domain-clients'", "'9,1'", "partitioner 'iid'", "'one-domain-per-client'"],
+        ),
+        (
+            {"partitioner": "domain-dirichlet", "domain_clients": "9,1", "domain_transform":
+             "corruption", "clean_domain": True, "num_domains": 3},
+            ["'domain-clients'", "'9,1'", "one client count per domain", "3 counts"],
+        ),
     ],
 )
 def test_bad_values_name_key_value_and_allowed(changes: dict, expected: list[str]) -> None:
@@ -64,6 +85,25 @@ def test_domain_settings_that_fit_together() -> None:
         num_domains=6,
     )
     assert config.num_domains == 6
+
+
+def test_noise_and_domain_client_keys() -> None:
+    config = DataConfig.from_run_config(
+        {"partitioner": "one-domain-per-client", "domain-clients": " 9, 1", "noise-std": 1,
+         "noise-clip": False, "domain-transform": "corruption", "num-domains": 2}
+    )
+    assert config.domain_client_counts() == (9, 1)
+    assert config.noise_std == 1.0 and isinstance(config.noise_std, float) and not config.noise_clip
+    assert DataConfig().domain_client_counts() is None  # the default layout: k mod M
+    assert config.domain_client_counts(num_domains=2, num_clients=10) == (9, 1)
+    with pytest.raises(ConfigError, match=r"'domain-clients'.*summing to the number of clients, 8"):
+        config.domain_client_counts(num_clients=8)
+
+
+def test_noise_default_is_the_transform_default() -> None:
+    from flwr_pfl.data.domains import NOISE_STD
+
+    assert DataConfig().noise_std == NOISE_STD and DataConfig().noise_clip
 
 
 def test_run_config_round_trip_ignores_other_keys() -> None:

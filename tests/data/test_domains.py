@@ -70,6 +70,26 @@ def test_corruptions_in_order_with_optional_clean_domain(images: torch.Tensor) -
     assert low_contrast.std() < images[domain == 3].std()
 
 
+def test_noise_std_and_clipping_take_effect() -> None:
+    x = torch.full((200, 1, 10, 10), 0.5)
+    noisy = torch.ones(200, dtype=torch.int64)
+    default = Corruption.first(2, clean=True)
+    assert (default.noise_std, default.noise_clip) == (0.3, True)
+    out = default(x, noisy, torch.Generator().manual_seed(7))
+    # the default is what it always was: x + 0.3 * N(0, 1), clipped to [0, 1]
+    expected = (x + 0.3 * torch.randn(x.shape, generator=torch.Generator().manual_seed(7))).clamp(0, 1)
+    assert torch.equal(out, expected)
+    loud = make_domain_transform("corruption", 2, clean_domain=True, noise_std=0.8, noise_clip=False)
+    out = loud(x, noisy, torch.Generator().manual_seed(7))
+    assert out.min() < -1.0 and out.max() > 2.0  # unclipped: far outside [0, 1]
+    assert abs((out - x).std().item() - 0.8) < 0.02 and abs((out - x).mean().item()) < 0.02
+    clipped = make_domain_transform("corruption", 2, clean_domain=True, noise_std=0.8)
+    out = clipped(x, noisy, torch.Generator().manual_seed(7))
+    assert out.min() == 0.0 and out.max() == 1.0
+    silent = Corruption.first(1, noise_std=0.0, noise_clip=False)
+    assert torch.equal(silent(x, torch.zeros(200, dtype=torch.int64)), x)
+
+
 def test_corruption_domain_count_is_limited() -> None:
     with pytest.raises(ConfigError, match="'num-domains' must be <= 4"):
         Corruption.first(5)
@@ -91,6 +111,15 @@ def test_domains_are_disjoint_balanced_and_seeded() -> None:
         assert per_label.max() - per_label.min() <= 1
     assert (assign_domains(labels, 6, seed=3) == domain).all()
     assert (assign_domains(labels, 6, seed=4) != domain).any()
+
+
+def test_domains_in_shares() -> None:
+    labels = np.repeat(np.arange(10), 200)
+    domain = assign_domains(labels, 2, seed=3, shares=(9, 1))
+    assert np.bincount(domain).tolist() == [1800, 200]
+    for c in range(10):
+        assert np.bincount(domain[labels == c]).tolist() == [180, 20]
+    assert (assign_domains(labels, 2, seed=3, shares=(1, 1)) == assign_domains(labels, 2, seed=3)).all()
 
 
 def test_to_domains_keeps_labels_and_tags_domains(images: torch.Tensor) -> None:

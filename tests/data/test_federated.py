@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from flwr_pfl.data import ClientData, DataConfig, describe_partition, load_client_data
-from flwr_pfl.data.federated import prepare_pool
+from flwr_pfl.data.federated import client_splits, prepare_pool
 from flwr_pfl.errors import ConfigError
 
 BASE = {"dataset": "toy-images", "val_fraction": 0.1, "test_fraction": 0.2}
@@ -125,3 +125,60 @@ def test_partitions_per_domain_are_consistent_with_labels() -> None:
     for summary in describe_partition(cfg, 4):
         assert summary.domain_counts[summary.partition_id % 2] == summary.num_samples
     assert np.isclose(sum(s.num_samples for s in describe_partition(cfg, 4)), 1000)
+
+
+def noisy_target_config(**changes) -> DataConfig:
+    """FedGP's noisy-feature layout on the toy pool: 9 clean sources, 1 noisy target (client 9)."""
+    layout = {
+        "domain_transform": "corruption", "clean_domain": True, "num_domains": 2,
+        "partitioner": "one-domain-per-client", "domain_clients": "9,1", "noise_std": 0.6,
+        "noise_clip": False,
+    }
+    return config(**{**layout, **changes})
+
+
+def test_nine_clean_sources_and_one_noisy_target() -> None:
+    cfg = noisy_target_config()
+    summaries = describe_partition(cfg, 10)
+    assert [s.domain_counts for s in summaries] == [(100, 0)] * 9 + [(0, 100)]
+    assert prepare_pool(cfg).pool.domain.bincount().tolist() == [900, 100]
+    # the target's train AND test images carry the unclipped noise; the sources' are clean
+    pool, splits = prepare_pool(cfg).pool, client_splits(cfg, 10)
+    for k in (0, 4, 9):
+        data = load_client_data(cfg, k, 10)
+        for part, index in ((data.train, splits[k].train), (data.test, splits[k].test)):
+            pixels = part.x * 0.25 + 0.5  # undo the toy pool's standardisation
+            noise = pixels - pool.inputs(torch.from_numpy(index))
+            if k < 9:
+                assert noise.abs().max() < 1e-6
+            else:
+                assert abs(noise.std().item() - 0.6) < 0.03
+                assert pixels.min() < -0.5 and pixels.max() > 1.5
+
+
+def test_domain_shares_follow_the_client_counts() -> None:
+    """Unequal counts: each client gets about 1000 / 10 samples (the paper's i.i.d. tenths)."""
+    cfg = noisy_target_config(domain_clients="7,3", max_samples=997)
+    sizes = [s.num_samples for s in describe_partition(cfg, 10)]
+    assert sum(sizes) == 997 and max(sizes) - min(sizes) <= 2
+    assert [sum(s.domain_counts) for s in describe_partition(cfg, 10)] == sizes
+
+
+def test_domain_clients_of_one_each_is_the_default_layout() -> None:
+    plain = config(domain_transform="corruption", num_domains=2, partitioner="one-domain-per-client")
+    ones = config(
+        domain_transform="corruption", num_domains=2, partitioner="one-domain-per-client",
+        domain_clients="1,1",
+    )
+    for k in (0, 1):
+        a, b = load_client_data(plain, k, 2), load_client_data(ones, k, 2)
+        assert torch.equal(a.train.x, b.train.x) and torch.equal(a.test.y, b.test.y)
+
+
+def test_domain_clients_are_checked_against_the_federation() -> None:
+    with pytest.raises(ConfigError, match=r"'domain-clients'.*number of clients, 8 \(they sum to 10\)"):
+        load_client_data(noisy_target_config(), 0, 8)
+    # no transform: the dataset's own domains (one here) fix the count
+    own = config(partitioner="one-domain-per-client", domain_clients="2,2")
+    with pytest.raises(ConfigError, match="one client count per domain: 1 counts"):
+        describe_partition(own, 4)

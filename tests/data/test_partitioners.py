@@ -133,6 +133,30 @@ def test_one_domain_per_client() -> None:
         assert sum(sizes) == size and max(sizes) - min(sizes) <= 1
 
 
+@pytest.mark.parametrize("partitioner", ["one-domain-per-client", "domain-dirichlet"])
+def test_domain_clients_give_each_domain_its_run_of_clients(partitioner: str) -> None:
+    counts = [3, 2, 1, 4]  # DOMAINS has 1200, 900, 600, 300 samples
+    parts = split(10, partitioner=partitioner, domain_clients="3,2,1,4", dirichlet_alpha=50.0)
+    assert_disjoint(parts, cover=True)
+    owner = np.repeat(np.arange(4), counts)  # clients 0-2: domain 0, 3-4: 1, 5: 2, 6-9: 3
+    for k, p in enumerate(parts):
+        assert set(DOMAINS[p].tolist()) == {owner[k]}
+    for m, size in enumerate([1200, 900, 600, 300]):
+        sizes = [len(p) for k, p in enumerate(parts) if owner[k] == m]
+        assert sum(sizes) == size and len(sizes) == counts[m]
+        if partitioner == "one-domain-per-client":
+            assert max(sizes) - min(sizes) <= 1
+
+
+def test_domain_clients_must_fit_the_clients_and_the_domains() -> None:
+    with pytest.raises(ConfigError, match=r"'domain-clients'.*summing to the number of clients, 9"):
+        split(9, partitioner="one-domain-per-client", domain_clients="3,2,1,4")
+    with pytest.raises(ConfigError, match=r"3 counts \[4, 4, 2\] but the data holds 4 domains"):
+        split(10, partitioner="one-domain-per-client", domain_clients="4,4,2")
+    with pytest.raises(ValueError, match="summing to num_partitions=5"):
+        OneDomainPerClientPartitioner(5, domain_clients=(2, 2))
+
+
 def test_domain_dirichlet_keeps_one_domain_per_client_and_skews_labels() -> None:
     skewed = split(12, partitioner="domain-dirichlet", dirichlet_alpha=0.1)
     even = split(12, partitioner="domain-dirichlet", dirichlet_alpha=100.0)

@@ -47,3 +47,28 @@ def test_balanced_assignment_is_balanced_overall_and_per_label() -> None:
     again = balanced_assignment(labels, 4, np.random.default_rng(2))
     other = balanced_assignment(labels, 4, np.random.default_rng(3))
     assert (groups == again).all() and (groups != other).any()
+
+
+def test_balanced_assignment_in_shares_overall_and_per_label() -> None:
+    labels = np.random.default_rng(4).integers(0, 10, 3000)
+    shares = (6, 1, 3)
+    groups = balanced_assignment(labels, 3, np.random.default_rng(5), shares)
+    expected = np.array(shares) / 10
+    assert np.abs(np.bincount(groups, minlength=3) - 3000 * expected).max() <= 1
+    for c in range(10):
+        in_label = labels == c
+        per_label = np.bincount(groups[in_label], minlength=3)
+        assert np.abs(per_label - in_label.sum() * expected).max() <= 2
+
+
+def test_equal_shares_deal_exactly_as_no_shares() -> None:
+    labels = np.random.default_rng(1).integers(0, 10, 1003)
+    plain = balanced_assignment(labels, 4, np.random.default_rng(2))
+    assert (balanced_assignment(labels, 4, np.random.default_rng(2), (1, 1, 1, 1)) == plain).all()
+    assert (balanced_assignment(labels, 4, np.random.default_rng(2), (2, 2, 2, 2)) == plain).all()
+
+
+@pytest.mark.parametrize("shares", [(1, 2), (1, 0, 2), (3, -1, 1)])
+def test_balanced_assignment_rejects_bad_shares(shares: tuple[int, ...]) -> None:
+    with pytest.raises(ValueError, match="share"):
+        balanced_assignment(np.zeros(30, dtype=np.int64), 3, np.random.default_rng(0), shares)
