@@ -257,6 +257,9 @@ def test_paper_scale_of_the_other_tables():
     assert _config("fedora", "quick", 1)["num-clients"] == 36
     for name in ("fedgp-domain", "fedgp-label"):
         assert _config(name, "paper")["num-server-rounds"] == 50
+    layout = _config("fedgp-domain", "paper")  # App. C.7: 9 clean i.i.d. sources, target noise 0.4 unclipped
+    assert (layout["num-clients"], layout["domain-clients"], layout["noise-std"], layout["noise-clip"]) == (10, "9,1", 0.4, False)
+    assert (layout["max-samples"], layout["fedgp.target-train-samples"]) == (0, 100)
 
 
 def test_lambda_ablation_rows_differ_only_in_the_selection_rule():
