@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from flwr_pfl.data.registry import available_datasets
+from flwr_pfl.data.registry import available_datasets, noise_free_datasets
 from flwr_pfl.errors import ConfigError
 
 PARTITIONERS = (
@@ -76,6 +76,11 @@ class DataConfig:
             stratified by label, of this many samples (short CPU runs).
         val_fraction [val-fraction], test_fraction [test-fraction]: shares of each client's
             samples held out for validation and test, each in [0, 1), sum < 1.
+        noise_free_test [noise-free-test]: evaluate on noise-free targets: every client's test
+            split gets its samples' targets without the noise the training and validation
+            targets carry (FedDAR Fig. 1's noise-free test set, so the test error has no
+            sigma^2 floor). Only for datasets that provide them (``feddar-synthetic``); default
+            false (the test targets carry the noise too).
         seed [seed]: seeds every random choice of the data layer.
     """
 
@@ -99,6 +104,7 @@ class DataConfig:
     max_samples: int = 0
     val_fraction: float = 0.0
     test_fraction: float = 0.2
+    noise_free_test: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -161,7 +167,21 @@ class DataConfig:
                 f"a value with val-fraction + test-fraction < 1 (val-fraction is "
                 f"{self.val_fraction}), so that clients keep training samples",
             )
+        self._check_noise_free_test()
         _check_int(self, "seed")
+
+    def _check_noise_free_test(self) -> None:
+        """``noise_free_test``: a bool, true only for a dataset that has noise-free targets."""
+        _check_type(self, "noise_free_test", bool)
+        supported = noise_free_datasets()
+        if self.noise_free_test and self.dataset not in supported:
+            names = ", ".join(repr(n) for n in supported) or "none is registered"
+            _fail(
+                "noise_free_test",
+                self.noise_free_test,
+                f"false for dataset {self.dataset!r}, which has no noise-free targets "
+                f"(datasets that have them: {names})",
+            )
 
     def _check_domain_clients(self) -> None:
         """``domain_clients``: its type, its partitioner, its format and (with a domain

@@ -2,7 +2,8 @@
 
 pool (registry) -> optional stratified subsample (``max-samples``) -> optional domain transform
 (``domain-transform``: domain labels assigned here, pixels transformed per client) -> partition
-(``partitioner``) -> the client's seeded train/val/test split -> :class:`ClientData`.
+(``partitioner``) -> the client's seeded train/val/test split -> :class:`ClientData`. With
+``noise-free-test`` the test split takes the pool's noise-free targets instead of its noisy ones.
 
 Every stage is seeded from ``config.seed`` and cached per process (``functools.lru_cache`` on the
 hashable config), because Flower's simulation rebuilds every client each round in the same worker
@@ -164,7 +165,8 @@ def load_client_data(config: DataConfig, partition_id: int, num_partitions: int)
             f"{config.partitioner!r}, val-fraction={config.val_fraction}, "
             f"test-fraction={config.test_fraction})",
         )
-    data = _assemble(prepared, split.concatenated(), config.seed, partition_id)
+    targets = _targets(prepared.pool, split, config)
+    data = _assemble(prepared, split.concatenated(), targets, config.seed, partition_id)
     n_train, n_val = len(split.train), len(split.val)
     parts = np.split(np.arange(len(split)), [n_train, n_train + n_val])
     train, val, test = (data.subset(torch.from_numpy(p)) for p in parts)
@@ -217,8 +219,25 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _assemble(prepared: PreparedPool, index: np.ndarray, seed: int, client: int) -> ArraySplit:
-    """The samples at ``index`` as model-ready tensors: float, domain-transformed, standardised."""
+def _targets(pool: DatasetPool, split: SplitIndices, config: DataConfig) -> torch.Tensor:
+    """The targets of ``split``'s samples, train, val and test one after the other: the pool's
+    targets, except for the test samples' noise-free ones when ``noise-free-test`` is on."""
+    if not config.noise_free_test:
+        return pool.y[torch.from_numpy(split.concatenated())]
+    if pool.noise_free_y is None:  # DataConfig checked the dataset; its builder broke the promise
+        raise ValueError(
+            f"dataset {config.dataset!r} is registered with noise-free targets but its pool has "
+            f"none (DatasetPool.noise_free_y is None)"
+        )
+    seen = torch.from_numpy(np.concatenate([split.train, split.val]))
+    return torch.cat([pool.y[seen], pool.noise_free_y[torch.from_numpy(split.test)]])
+
+
+def _assemble(
+    prepared: PreparedPool, index: np.ndarray, targets: torch.Tensor, seed: int, client: int
+) -> ArraySplit:
+    """The samples at ``index`` as model-ready tensors: float, domain-transformed, standardised,
+    with their ``targets`` (aligned with ``index``)."""
     pool = prepared.pool
     t = torch.from_numpy(index)
     x, domain = pool.inputs(t), pool.domain[t]
@@ -230,4 +249,4 @@ def _assemble(prepared: PreparedPool, index: np.ndarray, seed: int, client: int)
         mean = torch.tensor(pool.mean, dtype=x.dtype).view(shape)
         std = torch.tensor(pool.std, dtype=x.dtype).view(shape)
         x = (x - mean) / std
-    return ArraySplit(x, pool.y[t], domain)
+    return ArraySplit(x, targets, domain)

@@ -14,6 +14,10 @@ fields of the config (``data_dir``, ``download``, ``seed``, ``num_domains``) and
 on the partitioning or split fields. The pipeline caches what a builder returns per config, so a
 builder need not cache itself unless several configs share an expensive load (as the torchvision
 loader does).
+
+A generated dataset whose targets carry noise may also give the noise-free targets
+(``DatasetPool.noise_free_y``) and say so when registering (``noise_free_targets=True``); the run
+key ``noise-free-test`` then evaluates every client on them (``DataConfig.noise_free_test``).
 """
 
 from __future__ import annotations
@@ -45,6 +49,9 @@ class DatasetPool:
         task: "classification" or "regression".
         mean, std: per-channel statistics used to standardise the inputs after any domain
             transform, or None to leave the inputs as they are.
+        noise_free_y: for a dataset whose targets ``y`` carry noise, the same targets without
+            it (same shape and dtype as ``y``), used for the test splits when the run key
+            ``noise-free-test`` is on; None for datasets without them.
     """
 
     x: torch.Tensor
@@ -55,11 +62,18 @@ class DatasetPool:
     task: Task = "classification"
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
+    noise_free_y: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         check_aligned(self.x, self.y, self.domain)
         if (self.mean is None) != (self.std is None):
             raise ValueError("mean and std must be given together")
+        clean = self.noise_free_y
+        if clean is not None and (clean.shape != self.y.shape or clean.dtype != self.y.dtype):
+            raise ValueError(
+                f"noise_free_y must have the shape and dtype of y, {tuple(self.y.shape)} "
+                f"{self.y.dtype}; got {tuple(clean.shape)} {clean.dtype}"
+            )
 
     def __len__(self) -> int:
         return int(self.x.shape[0])
@@ -73,7 +87,10 @@ class DatasetPool:
 
     def select(self, index: torch.Tensor) -> DatasetPool:
         """A pool with the samples at ``index`` only (same metadata)."""
-        return replace(self, x=self.x[index], y=self.y[index], domain=self.domain[index])
+        clean = None if self.noise_free_y is None else self.noise_free_y[index]
+        return replace(
+            self, x=self.x[index], y=self.y[index], domain=self.domain[index], noise_free_y=clean
+        )
 
     def with_domains(self, domain: torch.Tensor, num_domains: int) -> DatasetPool:
         """The same samples with new domain labels."""
@@ -83,10 +100,20 @@ class DatasetPool:
 DatasetBuilder = Callable[["DataConfig"], DatasetPool]
 
 _BUILDERS: dict[str, DatasetBuilder] = {}
+_NOISE_FREE: set[str] = set()  # datasets whose pools carry noise_free_y
 
 
-def register_dataset(name: str, builder: DatasetBuilder, *, replace: bool = False) -> None:
+def register_dataset(
+    name: str,
+    builder: DatasetBuilder,
+    *,
+    replace: bool = False,
+    noise_free_targets: bool = False,
+) -> None:
     """Make ``name`` a valid ``dataset`` value whose pool ``builder(config)`` returns.
+
+    ``noise_free_targets`` declares that the pools carry ``noise_free_y`` (known before any pool
+    is built, so a config asking for them is checked when it is made).
 
     Raises:
         ValueError: ``name`` is already registered and ``replace`` is false.
@@ -96,6 +123,9 @@ def register_dataset(name: str, builder: DatasetBuilder, *, replace: bool = Fals
             f"dataset {name!r} is already registered; pass replace=True to override it"
         )
     _BUILDERS[name] = builder
+    _NOISE_FREE.discard(name)
+    if noise_free_targets:
+        _NOISE_FREE.add(name)
 
 
 def dataset_builder(name: str) -> DatasetBuilder:
@@ -106,6 +136,11 @@ def dataset_builder(name: str) -> DatasetBuilder:
 def available_datasets() -> tuple[str, ...]:
     """Registered dataset names, in registration order."""
     return tuple(_BUILDERS)
+
+
+def noise_free_datasets() -> tuple[str, ...]:
+    """Registered datasets whose pools give noise-free targets, in registration order."""
+    return tuple(name for name in _BUILDERS if name in _NOISE_FREE)
 
 
 def _build_vision(config: DataConfig) -> DatasetPool:

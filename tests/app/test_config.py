@@ -41,6 +41,12 @@ def test_empty_config_uses_defaults():
     assert experiment.train_config.optimizer.learning_rate == RunConfig().learning_rate
 
 
+def test_noise_free_test_is_a_data_key_recorded_with_the_run():
+    experiment = parse_experiment({"dataset": "feddar-synthetic", "noise-free-test": True})
+    assert experiment.data.noise_free_test and experiment.to_dict()["noise-free-test"] is True
+    assert parse_experiment({}).to_dict()["noise-free-test"] is False
+
+
 def test_algorithm_options_are_namespaced():
     experiment = parse_experiment({"algorithm": "fedrep", "fedrep.head-epochs": 3})
     assert experiment.options.head_epochs == 3
@@ -71,6 +77,8 @@ def test_algorithm_options_are_namespaced():
         ({"fedrep.head-epochs": -2}, ["fedrep.head-epochs", ">= 0"]),
         ({"dataset": "imagenet"}, ["imagenet", "fashion-mnist"]),
         ({"partitioner": "zipf"}, ["zipf", "dirichlet"]),
+        ({"noise-free-test": True}, ["'noise-free-test'", "dataset 'mnist'", "'feddar-synthetic'"]),
+        ({"dataset": "feddar-synthetic", "noise-free-test": "true"}, ["noise-free-test='true'", "boolean"]),
     ],
 )
 def test_bad_values_name_the_key_and_what_is_allowed(raw, fragments):

@@ -30,5 +30,22 @@ def toy_regression(config: DataConfig) -> DatasetPool:
     return DatasetPool(x, y, torch.zeros(300, dtype=torch.int64), 0, task="regression")
 
 
+#: weights of toy-noisy-regression's noise-free target, and the std of the noise on its targets
+NOISY_WEIGHTS = (0.5, -1.0, 2.0, 0.25)
+NOISY_STD = 0.1
+
+
+def toy_noisy_regression(config: DataConfig) -> DatasetPool:
+    """500 random 4-dimensional vectors, targets x @ NOISY_WEIGHTS + N(0, NOISY_STD^2) noise, the
+    noise-free targets kept alongside; two domains (the first 300 samples, the last 200)."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(500, 4, generator=g)
+    clean = x @ torch.tensor(NOISY_WEIGHTS)
+    y = clean + NOISY_STD * torch.randn(500, generator=g)
+    domain = (torch.arange(500) >= 300).long()
+    return DatasetPool(x, y, domain, 0, num_domains=2, task="regression", noise_free_y=clean)
+
+
 register_dataset("toy-images", toy_images, replace=True)
 register_dataset("toy-regression", toy_regression, replace=True)
+register_dataset("toy-noisy-regression", toy_noisy_regression, replace=True, noise_free_targets=True)

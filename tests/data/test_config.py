@@ -48,6 +48,19 @@ def test_defaults_are_valid_and_hashable() -> None:
         ({"noise_std": float("inf")}, ["'noise-std'", "inf"]),
         ({"noise_clip": "false"}, ["'noise-clip'", "'false'", "bool"]),
         ({"domain_clients": 9}, ["'domain-clients'", "9", "str"]),
+        (
+            {"dataset": "toy-noisy-regression", "noise_free_test": "true"},
+            ["'noise-free-test'", "'true'", "bool"],
+        ),
+        (
+            {"noise_free_test": True},
+            ["'noise-free-test'", "True", "dataset 'mnist'", "no noise-free targets",
+             "'toy-noisy-regression'"],
+        ),
+        (
+            {"dataset": "toy-regression", "noise_free_test": True},
+            ["'noise-free-test'", "dataset 'toy-regression'", "'toy-noisy-regression'"],
+        ),
         *(
             (
                 {"partitioner": "one-domain-per-client", "domain_clients": bad},

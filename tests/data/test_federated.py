@@ -8,7 +8,10 @@ import torch
 
 from flwr_pfl.data import ClientData, DataConfig, describe_partition, load_client_data
 from flwr_pfl.data.federated import client_splits, prepare_pool
+from flwr_pfl.data.registry import DatasetPool, dataset_builder, register_dataset
 from flwr_pfl.errors import ConfigError
+
+from .conftest import NOISY_STD, NOISY_WEIGHTS
 
 BASE = {"dataset": "toy-images", "val_fraction": 0.1, "test_fraction": 0.2}
 
@@ -182,3 +185,62 @@ def test_domain_clients_are_checked_against_the_federation() -> None:
     own = config(partitioner="one-domain-per-client", domain_clients="2,2")
     with pytest.raises(ConfigError, match="one client count per domain: 1 counts"):
         describe_partition(own, 4)
+
+
+def noisy_regression_config(**changes) -> DataConfig:
+    """toy-noisy-regression in 3 unequal clients (domain 0's samples shared by clients 0 and 2,
+    domain 1's all client 1's) after a subsample, with validation and test splits."""
+    layout = {
+        "dataset": "toy-noisy-regression", "partitioner": "one-domain-per-client",
+        "max_samples": 450, "val_fraction": 0.1, "test_fraction": 0.3, "seed": 3,
+    }
+    return config(**{**layout, **changes})
+
+
+def test_noise_free_test_targets_only_for_the_test_split() -> None:
+    on, off = noisy_regression_config(noise_free_test=True), noisy_regression_config()
+    pool, splits = prepare_pool(on).pool, client_splits(on, 3)
+    assert pool.noise_free_y is not None and len(pool) == 450  # the subsample keeps them aligned
+    weights = torch.tensor(NOISY_WEIGHTS)
+    sizes = []
+    for k in range(3):
+        a, b = load_client_data(on, k, 3), load_client_data(off, k, 3)
+        sizes.append(len(a.train) + len(a.val) + len(a.test))
+        for part_on, part_off in zip((a.train, a.val, a.test), (b.train, b.val, b.test)):
+            assert torch.equal(part_on.x, part_off.x) and torch.equal(part_on.domain, part_off.domain)
+        # training and validation targets: the noisy ones, whatever the key
+        assert torch.equal(a.train.y, b.train.y) and torch.equal(a.val.y, b.val.y)
+        assert torch.equal(a.train.y, pool.y[torch.from_numpy(splits[k].train)])
+        assert torch.equal(a.val.y, pool.y[torch.from_numpy(splits[k].val)])
+        train_noise = a.train.y - a.train.x @ weights
+        assert 0.5 * NOISY_STD < train_noise.std().item() < 1.5 * NOISY_STD
+        # test targets: noise-free with the key, the noisy ones (as before the key) without it
+        test = torch.from_numpy(splits[k].test)
+        assert torch.equal(a.test.y, pool.noise_free_y[test])
+        torch.testing.assert_close(a.test.y, a.test.x @ weights, atol=1e-5, rtol=0)
+        assert torch.equal(b.test.y, pool.y[test])
+        test_noise = b.test.y - b.test.x @ weights
+        assert 0.5 * NOISY_STD < test_noise.std().item() < 1.5 * NOISY_STD
+    assert sum(sizes) == 450 and len(set(sizes)) == 3  # (137, 177, 136)
+    assert [s.to_dict() for s in describe_partition(on, 3)] == [
+        s.to_dict() for s in describe_partition(off, 3)
+    ]
+
+
+def test_a_dataset_registered_with_noise_free_targets_must_give_them() -> None:
+    register_dataset(
+        "toy-broken-promise", dataset_builder("toy-regression"), replace=True, noise_free_targets=True
+    )
+    with pytest.raises(ValueError, match=r"'toy-broken-promise'.*noise_free_y is None"):
+        load_client_data(config(dataset="toy-broken-promise", noise_free_test=True), 0, 3)
+    register_dataset("toy-broken-promise", dataset_builder("toy-regression"), replace=True)
+    with pytest.raises(ConfigError, match="'noise-free-test'"):  # re-registered without them
+        config(dataset="toy-broken-promise", noise_free_test=True)
+
+
+def test_noise_free_targets_must_match_the_targets() -> None:
+    x, y, domain = torch.zeros(4, 2), torch.zeros(4), torch.zeros(4, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"noise_free_y must have the shape and dtype of y"):
+        DatasetPool(x, y, domain, 0, task="regression", noise_free_y=torch.zeros(3))
+    with pytest.raises(ValueError, match=r"noise_free_y must have the shape and dtype of y"):
+        DatasetPool(x, y, domain, 0, task="regression", noise_free_y=torch.zeros(4, dtype=torch.float64))

@@ -7,7 +7,10 @@ import pytest
 import torch
 
 from flwr_pfl.core import feddar as F
+from flwr_pfl.data.config import DataConfig
+from flwr_pfl.data.federated import load_client_data
 from flwr_pfl.data.synthetic import feddar as S
+from flwr_pfl.errors import ConfigError
 
 
 def test_shapes_ground_truth_and_noise_free_test_set():
@@ -95,3 +98,60 @@ def test_run_fig1_local_only_is_min_norm_least_squares():
         errs.append(((data.test.x[i] @ coef - data.test.y[i]) ** 2).mean())
     assert res.test_mse == pytest.approx(torch.stack(errs).mean().item(), rel=1e-10)
     assert res.history.shape == (2,)
+
+
+# ------------------------------------------------------------- the registered "feddar-synthetic"
+def synthetic_config(**changes) -> DataConfig:
+    """The preset's layout (Dir(0.4 p) mixtures, 40 samples a client, half for test) plus a
+    validation split, seed 2."""
+    S.register_feddar_synthetic()
+    layout = {
+        "dataset": "feddar-synthetic", "partitioner": "domain-mixture", "domain_alpha": 0.4,
+        "samples_per_client": 40, "val_fraction": 0.1, "test_fraction": 0.5, "seed": 2,
+    }
+    return DataConfig(**{**layout, **changes})
+
+
+def test_pool_targets_are_the_generating_process_with_and_without_noise():
+    """y = x^T B* w*_z + 1e-3 * N(0, 1), drawn in this order from the seed; noise_free_y without
+    the noise term (the noisy targets are the same draws as before the noise-free ones existed)."""
+    pool = S.feddar_synthetic_pool(synthetic_config())
+    rng = np.random.default_rng(2)
+    problem = S.make_domain_mixed_linear_problem(num_clients=1, rng=rng)
+    z = rng.integers(0, 5, S.SYNTHETIC_POOL_SIZE)
+    x = rng.standard_normal((S.SYNTHETIC_POOL_SIZE, 20))
+    clean = (x * (problem.rep_star @ problem.heads_star.T).T[z]).sum(-1)
+    noisy = clean + 1e-3 * rng.standard_normal(S.SYNTHETIC_POOL_SIZE)
+    assert torch.equal(pool.domain, torch.as_tensor(z))
+    torch.testing.assert_close(pool.noise_free_y, torch.as_tensor(clean, dtype=torch.float32), atol=1e-6, rtol=0)
+    torch.testing.assert_close(pool.y, torch.as_tensor(noisy, dtype=torch.float32), atol=1e-6, rtol=0)
+    assert 0.99e-3 < (pool.y - pool.noise_free_y).std().item() < 1.01e-3
+
+
+def test_noise_free_test_key_gives_clean_test_targets_and_keeps_training_ones():
+    on, off = synthetic_config(noise_free_test=True), synthetic_config()
+    problem = S.make_domain_mixed_linear_problem(num_clients=1, rng=np.random.default_rng(2))
+    coef = torch.as_tensor(problem.rep_star @ problem.heads_star.T)  # (d, M): column m is B* w*_m
+
+    def residual(part):  # y - x^T B* w*_z, in float64
+        return part.y.double() - (part.x.double() * coef.T[part.domain]).sum(-1)
+
+    for k in (0, 3):
+        a, b = load_client_data(on, k, 5), load_client_data(off, k, 5)
+        assert (len(a.train), len(a.val), len(a.test)) == (16, 4, 20)
+        assert torch.equal(a.test.x, b.test.x) and torch.equal(a.test.domain, b.test.domain)
+        for part_on, part_off in ((a.train, b.train), (a.val, b.val)):
+            assert torch.equal(part_on.x, part_off.x) and torch.equal(part_on.y, part_off.y)
+        # noise-free test targets: exact up to float32 rounding (1e-7) against sigma = 1e-3
+        assert residual(a.test).abs().max().item() < 2e-6
+        # without the key the test targets carry the noise; the training targets always do
+        for noisy in (b.test, a.train):
+            assert 0.4e-3 < residual(noisy).std().item() < 1.6e-3
+
+
+def test_noise_free_test_is_refused_for_a_dataset_without_noise_free_targets():
+    S.register_feddar_synthetic()
+    with pytest.raises(ConfigError) as err:
+        DataConfig(dataset="mnist", noise_free_test=True)
+    for fragment in ("'noise-free-test'", "dataset 'mnist'", "no noise-free targets", "'feddar-synthetic'"):
+        assert fragment in str(err.value)

@@ -95,6 +95,23 @@ def test_sa_error_falls_and_ends_below_fedavg(tmp_path):
     assert "loss_domain_max" in last and "loss_domain_mean" in last  # per-domain figures
 
 
+def test_noise_free_test_targets_take_sa_below_the_noise_floor(tmp_path):
+    """The preset's layout (20 clients, 20 training + 20 test samples each), 40 rounds. The
+    training is the same with and without ``noise-free-test``; only the test targets differ. With
+    noisy test targets the test MSE cannot fall below about sigma^2 = 1e-6 (the mean of eps^2 over
+    the 400 test samples); on noise-free ones SA's error goes on falling (seed 0: 1.15e-6 with
+    noise, 2.4e-7 without; seeds 1 and 2 have not converged by round 40, 6.7e-4 and 1.5e-5, and
+    the two differ by about sigma^2 there too)."""
+    cfg = {"num-server-rounds": 40, **SYNTHETIC, "algorithm": "feddar-sa"}
+    _, noisy = run(tmp_path, "noisy", num_clients=20, **cfg)
+    _, clean = run(tmp_path, "clean", num_clients=20, **cfg, **{"noise-free-test": True})
+    assert phase(clean, "fit") == phase(noisy, "fit") and phase(clean, "head") == phase(noisy, "head")
+    noisy_mse, clean_mse = phase(noisy, "evaluate")[-1]["loss_wmean"], phase(clean, "evaluate")[-1]["loss_wmean"]
+    assert 0.9e-6 < noisy_mse < 1.3e-6 and clean_mse < 0.4e-6
+    config = json.loads((tmp_path / "clean" / "config.json").read_text())
+    assert config["noise-free-test"] is True and config["dataset"] == "feddar-synthetic"
+
+
 def test_multiclass_sa_stays_finite_and_trains(tmp_path, blobs3):
     _, rows = run(tmp_path, "sa", num_clients=4, algorithm="feddar-sa", dataset=blobs3, **{"num-server-rounds": 6, **BLOBS})
     evals = phase(rows, "evaluate")
