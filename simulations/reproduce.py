@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as futures
-import functools
 import json
 import logging
 import multiprocessing
@@ -139,28 +138,17 @@ def plan(table: Table, scale: str, seeds: list[int], results: Path, methods: lis
 LOCATION_KEYS = ("output-dir",)
 
 
-def _comparable(config: dict[str, Any], keep_defaults_of: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The configuration as stored and compared: JSON values, without the location keys. With
-    ``keep_defaults_of`` (a stored configuration), keys that it lacks and that hold the app's
-    default are left out too: a run key added to the app later, off by default, does not change
-    what an earlier run computed (the app keeps results identical with new options off)."""
-    defaults = _app_defaults() if keep_defaults_of is not None else {}
-    kept = {
-        k: v for k, v in config.items()
-        if k not in LOCATION_KEYS and not (keep_defaults_of is not None and k not in keep_defaults_of and k in defaults and defaults[k] == v)
-    }
-    return json.loads(json.dumps(kept, sort_keys=True, default=str))
-
-
-@functools.lru_cache(maxsize=1)
-def _app_defaults() -> dict[str, Any]:
-    from flwr_pfl.app.appdir import default_run_config
-
-    return dict(default_run_config())
+def _comparable(config: dict[str, Any]) -> dict[str, Any]:
+    """The configuration as stored and compared: JSON values, without the location keys."""
+    return json.loads(json.dumps({k: v for k, v in config.items() if k not in LOCATION_KEYS}, sort_keys=True, default=str))
 
 
 def finished(run: Run) -> dict[str, Any] | None:
-    """The run's stored result if it finished with exactly this configuration, else None."""
+    """The run's stored result if it finished with this configuration, else None (a run key
+    added to the app later and left at its default is no change:
+    :func:`flwr_pfl.app.checkpoint.changed_keys`)."""
+    from flwr_pfl.app.checkpoint import changed_keys
+
     try:
         stored = json.loads(run.result.read_text())
     except (OSError, ValueError):
@@ -168,7 +156,7 @@ def finished(run: Run) -> dict[str, Any] | None:
     saved = stored.get("config") if isinstance(stored, dict) else None
     if not isinstance(saved, dict):
         return None
-    return stored if _comparable(saved) == _comparable(run.config, keep_defaults_of=saved) else None
+    return None if changed_keys(saved, _comparable(run.config), LOCATION_KEYS) else stored
 
 
 def write_atomic(path: Path, payload: dict[str, Any]) -> None:

@@ -31,6 +31,7 @@ import json
 import os
 import tempfile
 import zipfile
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,35 @@ RESUMABLE_CHANGES = frozenset({
     "num-server-rounds", "resume", "output-dir", "run-name", "checkpoint-interval",
     "wait-timeout", "min-clients", "round-timeout", "server-workers", "api",
 })
+
+
+
+def changed_keys(saved: Mapping[str, Any], current: Mapping[str, Any], ignore: Iterable[str] = ()) -> list[str]:
+    """The keys (sorted) in which a stored run configuration and the current one differ, but for
+    ``ignore``.
+
+    A key that only one side has is not a change when that side holds the app's default for it:
+    a run key the app gained after the stored run, left at its default, computes what the run
+    without it computed (the app keeps results identical while a new option is off). So a run
+    checkpointed, or a result stored, before an upgrade still resumes, or is reused, after it.
+    """
+    from flwr_pfl.app.appdir import default_run_config
+
+    ignored = frozenset(ignore)
+    defaults: dict[str, Any] | None = None
+    changed = []
+    for key in sorted((saved.keys() | current.keys()) - ignored):
+        if key in saved and key in current:
+            if saved[key] != current[key]:
+                changed.append(key)
+            continue
+        if defaults is None:
+            defaults = default_run_config()
+        value = saved[key] if key in saved else current[key]
+        if key not in defaults or value != defaults[key]:
+            changed.append(key)
+    return changed
+
 
 #: version of the layout above; a checkpoint of another version is refused
 FORMAT_VERSION = 2

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from flwr_pfl.app.checkpoint import changed_keys
 from flwr_pfl.app.config import SIMULATED_CLIENTS, Experiment, parse_experiment
 from flwr_pfl.app.keys import with_suggestions
 from flwr_pfl.app.registry import ALGORITHMS
@@ -38,8 +39,9 @@ REPORTED = (
 
 
 def finished(experiment: Experiment) -> bool:
-    """Whether ``experiment`` already ran to its end in its output directory with exactly this
-    configuration (its ``summary.txt`` is written last; ``config.json`` first)."""
+    """Whether ``experiment`` already ran to its end in its output directory with this
+    configuration (its ``summary.txt`` is written last; ``config.json`` first; keys added to the
+    app since, at their defaults, are no change: :func:`~flwr_pfl.app.checkpoint.changed_keys`)."""
     out = experiment.output_path()
     if not (out / "summary.txt").exists() or not (out / "metrics.json").exists():
         return False
@@ -47,7 +49,7 @@ def finished(experiment: Experiment) -> bool:
         saved = json.loads((out / "config.json").read_text())
     except (OSError, ValueError):
         return False
-    return saved == json.loads(json.dumps(experiment.to_dict(), sort_keys=True))
+    return isinstance(saved, dict) and not changed_keys(saved, json.loads(json.dumps(experiment.to_dict(), sort_keys=True)))
 
 
 def run_one(run_config: dict[str, Any], engine: str, reuse: bool = False) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ from flwr.app import Context
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
-from flwr_pfl.app.checkpoint import CHECKPOINT_NAME, RESUMABLE_CHANGES, Checkpoint, read_checkpoint
+from flwr_pfl.app.checkpoint import CHECKPOINT_NAME, RESUMABLE_CHANGES, Checkpoint, changed_keys, read_checkpoint
 from flwr_pfl.app.config import Experiment, parse_experiment
 from flwr_pfl.app.export import export_global_model, request_client_exports
 from flwr_pfl.app.flavours import RoundServer, flavour  # noqa: F401 - RoundServer stays importable here
@@ -73,11 +73,11 @@ def load_checkpoint(strategy: PFLStrategy, path: Path) -> int:
 
 def check_resumable(experiment: Experiment, checkpoint: Checkpoint) -> None:
     """ConfigError unless ``experiment`` continues ``checkpoint``'s run: the same configuration
-    but for ``RESUMABLE_CHANGES``, and at least as many rounds as are done."""
+    but for ``RESUMABLE_CHANGES`` (and keys added to the app since, at their defaults), and at
+    least as many rounds as are done."""
     current = experiment.to_dict()
     saved = checkpoint.config
-    differing = sorted(k for k in current.keys() | saved.keys()
-                       if k not in RESUMABLE_CHANGES and current.get(k, _MISSING) != saved.get(k, _MISSING))
+    differing = changed_keys(saved, current, RESUMABLE_CHANGES)
     if differing:
         changes = "; ".join(f"{k}: checkpoint {_shown(saved, k)}, now {_shown(current, k)}" for k in differing)
         raise ConfigError(

@@ -277,3 +277,23 @@ def test_when_no_client_can_start_the_summary_says_why(tmp_path, blobs_dataset, 
         server_app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
     summary = (tmp_path / "run" / "summary.txt").read_text()
     assert "the run stopped" in summary and "no data on this node" in summary
+
+
+def test_a_checkpoint_from_before_a_new_run_key_resumes_while_the_key_is_at_its_default(tmp_path, blobs_dataset):
+    """An upgrade that adds a run key (off by default) does not strand runs checkpointed before it;
+    setting the new key to anything else is still a change."""
+    from flwr_pfl.app.checkpoint import Checkpoint, changed_keys
+    from flwr_pfl.app.server_app import check_resumable
+
+    cfg = config(tmp_path, blobs_dataset, **{"num-server-rounds": 2})
+    current = parse_experiment(cfg).to_dict()
+    assert current["noise-free-test"] is False and current["noise-clip"] is True
+    older = {k: v for k, v in current.items() if k not in ("noise-free-test", "noise-clip")}  # written before the keys existed
+    check_resumable(parse_experiment(cfg | {"resume": True}), Checkpoint(2, older, {}, {}))  # no error
+    with pytest.raises(ConfigError, match=r"noise-clip \(noise-clip: checkpoint \(absent\), now False\)"):
+        check_resumable(parse_experiment(cfg | {"resume": True, "noise-clip": False}), Checkpoint(2, older, {}, {}))
+    # either side may lack the key; a key the app does not know is always a change
+    assert changed_keys({"seed": 1}, {"seed": 1, "noise-std": 0.3}) == []
+    assert changed_keys({"seed": 1, "noise-std": 0.5}, {"seed": 1}) == ["noise-std"]
+    assert changed_keys({"seed": 1, "retired-key": 0}, {"seed": 2}) == ["retired-key", "seed"]
+    assert changed_keys({"seed": 1, "resume": False}, {"seed": 1, "resume": True}, ignore={"resume"}) == []
