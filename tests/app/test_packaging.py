@@ -191,3 +191,22 @@ def test_the_installed_compare_and_launcher_run_from_any_directory(installed, tm
     out = tmp_path / "outputs" / "launched"  # output-dir relative to where the launcher ran
     assert json.loads((out / "config.json").read_text())["num-clients"] == 3
     assert (out / "model.pt").exists() and (out / "summary.txt").exists()
+
+
+def test_the_fab_carries_the_package_and_stays_under_flowers_size_limit(tmp_path):
+    """``flwr run`` against a SuperLink ships the checkout as a FAB, which Flower refuses over
+    10 MB: the committed result tables must stay out of it, the package and its presets in."""
+    import zipfile
+
+    from flwr.common.constant import FAB_MAX_SIZE
+
+    env = {**os.environ, "FLWR_HOME": str(tmp_path / "home"), "FLWR_TELEMETRY_ENABLED": "0"}
+    flwr = Path(sys.executable).with_name("flwr")
+    built = subprocess.run([str(flwr), "build", "--app", str(REPO_ROOT)], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert built.returncode == 0, built.stdout + built.stderr
+    (fab,) = tmp_path.glob("*.fab")
+    assert fab.stat().st_size < FAB_MAX_SIZE / 4, f"{fab.stat().st_size} bytes"
+    names = zipfile.ZipFile(fab).namelist()
+    assert "flwr_pfl/app/server_app.py" in names and "flwr_pfl/presets/feddar_synthetic.toml" in names
+    assert not [n for n in names if n.startswith(("docs/", "tests/", "simulations/"))]
