@@ -35,7 +35,7 @@ from pathlib import Path
 from flwr_pfl.app.appdir import BUNDLED_APP, app_dir, default_run_config
 from flwr_pfl.app.config import SIMULATED_CLIENTS
 from flwr_pfl.app.overrides import parse_overrides, to_toml
-from flwr_pfl.app.staging import stage_app
+from flwr_pfl.app.staging import stage_app, stage_bundled_app
 
 SAFE_ENV = {
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
@@ -171,10 +171,13 @@ def main(argv: list[str] | None = None) -> int:
     config = default_run_config(overrides, app)
     supernodes = federation_size(int(config["num-clients"]), args.num_supernodes)
     federation = f"num-supernodes={supernodes} client-resources-num-cpus={args.cpus} client-resources-num-gpus={args.gpus}"
-    # the app the installed package carries is already clean (its pyproject.toml alone; the code
-    # is the installed package): only a checkout is staged
+    # the app the installed package carries is its pyproject.toml alone (the code is the installed
+    # package): staged without the checkout's FAB patterns; a checkout is staged whole
     bundled = app.resolve() == BUNDLED_APP.resolve()
-    run_dir = app if args.no_stage or bundled else stage_app(app, flwr_home / "app")
+    if args.no_stage:
+        run_dir = app
+    else:
+        run_dir = stage_bundled_app(app, flwr_home / "app") if bundled else stage_app(app, flwr_home / "app")
     command = [str(flwr), "run", str(run_dir), "--stream", "--federation-config", federation]
     if overrides:
         fused = flwr_home / "run-config.toml"

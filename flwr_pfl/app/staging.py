@@ -56,3 +56,19 @@ def stage_app(app_dir: Path, stage_dir: Path) -> Path:
         else:
             raise ConfigError(f"the app's components live in {package!r}, which is not in {app_dir}")
     return target
+
+
+def stage_bundled_app(app_dir: Path, stage_dir: Path) -> Path:
+    """Stage the app an installed package carries: its ``pyproject.toml`` alone (the code is the
+    installed package), without the ``fab-include`` key.
+
+    ``fab-include`` names the package's files, which a checkout's bundle carries and this
+    one-file app does not; Flower refuses a pattern that matches nothing.
+    """
+    target = stage_dir.resolve() / app_dir.resolve().name
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    lines = (app_dir / "pyproject.toml").read_text().splitlines(keepends=True)
+    (target / "pyproject.toml").write_text("".join(line for line in lines if not line.lstrip().startswith("fab-include")))
+    return target

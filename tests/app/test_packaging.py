@@ -187,7 +187,11 @@ def test_the_installed_compare_and_launcher_run_from_any_directory(installed, tm
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "run status: finished:completed" in result.stdout
     command = next(line for line in result.stdout.splitlines() if line.startswith("$ "))
-    assert command.startswith(f"$ {installed / 'bin' / 'flwr'} run ") and str(installed) in command.split()[3]
+    # the installed app (its pyproject.toml alone) is staged without the checkout's FAB patterns
+    staged = tmp_path / "flwr-home" / "app" / "flower_app"
+    assert command.startswith(f"$ {installed / 'bin' / 'flwr'} run {staged} ")
+    assert "fab-include" not in (staged / "pyproject.toml").read_text()
+    assert "[tool.flwr.app.components]" in (staged / "pyproject.toml").read_text()
     out = tmp_path / "outputs" / "launched"  # output-dir relative to where the launcher ran
     assert json.loads((out / "config.json").read_text())["num-clients"] == 3
     assert (out / "model.pt").exists() and (out / "summary.txt").exists()
