@@ -72,6 +72,16 @@ class DataConfig:
         samples_per_client [samples-per-client]: exact client size for domain-mixture
             (required > 0 there); for the other partitioners a positive value caps each
             client's size, and 0 keeps what the partitioner gives.
+        large_client [large-client]: the imbalanced layout of FEDORA's App. B: this client
+            takes every sample of the pool the others do not. Each other client holds
+            exactly ``samples_per_client`` samples (required > 0); the large client's domain
+            gets the rest of the pool (``max_samples``, or all of it), its test split is as
+            large as the others' and the rest is cut into validation and training in the
+            others' ratio. For one-domain-per-client with a domain transform and one client per
+            domain (``domain_clients`` empty, as many clients as domains). FEDORA's Rotated
+            MNIST: K = 36, samples-per-client = 469 (128 + 64 + 277), max-samples = 69972
+            gives client 17 35 516 training and 17 764 validation samples (the paper: 35 520
+            and 17 760). -1 (default): every client alike.
         max_samples [max-samples]: 0 keeps the whole pool; otherwise a seeded subsample,
             stratified by label, of this many samples (short CPU runs).
         val_fraction [val-fraction], test_fraction [test-fraction]: shares of each client's
@@ -101,6 +111,7 @@ class DataConfig:
     noise_clip: bool = True
     domain_alpha: float = 1.0
     samples_per_client: int = 0
+    large_client: int = -1
     max_samples: int = 0
     val_fraction: float = 0.0
     test_fraction: float = 0.2
@@ -157,6 +168,7 @@ class DataConfig:
                 0,
                 "> 0 with partitioner 'domain-mixture' (every client draws exactly this many)",
             )
+        self._check_large_client()
         _check_int(self, "max_samples", low=0)
         _check_number(self, "val_fraction", low=0.0, high=1.0)
         _check_number(self, "test_fraction", low=0.0, high=1.0)
@@ -182,6 +194,40 @@ class DataConfig:
                 f"false for dataset {self.dataset!r}, which has no noise-free targets "
                 f"(datasets that have them: {names})",
             )
+
+    def _check_large_client(self) -> None:
+        """``large_client``: -1, or a client index of the one-domain-per-client layout whose
+        other clients have a fixed size."""
+        _check_int(self, "large_client", low=-1)
+        if self.large_client < 0:
+            return
+        needs = (
+            (
+                self.partitioner == "one-domain-per-client",
+                f"partitioner 'one-domain-per-client' (got {self.partitioner!r})",
+            ),
+            (
+                self.domain_transform != "none",
+                "a domain transform (rotation, color or corruption), whose domain sizes the "
+                "layout sets",
+            ),
+            (
+                not self.domain_clients.strip(),
+                f"domain-clients '' (one client per domain; got {self.domain_clients!r})",
+            ),
+            (
+                self.samples_per_client > 0,
+                "samples-per-client > 0 (the size of every other client)",
+            ),
+            (
+                self.large_client < self.num_domains,
+                f"a client index below num-domains = {self.num_domains} (one client per "
+                f"domain)",
+            ),
+        )
+        for ok, allowed in needs:
+            if not ok:
+                _fail("large_client", self.large_client, f"-1 (no large client), or with {allowed}")
 
     def _check_domain_clients(self) -> None:
         """``domain_clients``: its type, its partitioner, its format and (with a domain

@@ -1,8 +1,9 @@
 """From a :class:`DataConfig` to one client's data: the pipeline every client app calls.
 
 pool (registry) -> optional stratified subsample (``max-samples``) -> optional domain transform
-(``domain-transform``: domain labels assigned here, pixels transformed per client) -> partition
-(``partitioner``) -> the client's seeded train/val/test split -> :class:`ClientData`. With
+(``domain-transform``: domain labels assigned here, pixels transformed per client; with
+``large-client`` one domain takes what the others do not) -> partition (``partitioner``) -> the
+client's seeded train/val/test split -> :class:`ClientData`. With
 ``noise-free-test`` the test split takes the pool's noise-free targets instead of its noisy ones.
 
 Every stage is seeded from ``config.seed`` and cached per process (``functools.lru_cache`` on the
@@ -108,7 +109,7 @@ def prepare_pool(config: DataConfig) -> PreparedPool:
                 f"{config.dataset!r}: its inputs of shape {tuple(pool.x.shape[1:])} are not "
                 f"images; got {config.domain_transform!r}"
             )
-        shares = config.domain_client_counts()  # domains as large as their client counts
+        shares = _domain_shares(config, len(pool), transform.num_domains)
         domain = assign_domains(labels, transform.num_domains, config.seed, shares)
         pool = pool.with_domains(torch.from_numpy(domain), transform.num_domains)
     return PreparedPool(pool, labels, transform)
@@ -130,11 +131,23 @@ def client_splits(config: DataConfig, num_partitions: int) -> tuple[SplitIndices
     parts = partition_indices(
         partitioner, prepared.labels, prepared.pool.domain.numpy(), config.seed
     )
+    large = config.large_client
+    if large >= 0 and num_partitions != prepared.num_domains:
+        raise ConfigError(
+            f"data config key 'large-client' = {large} needs one client per domain: "
+            f"{prepared.num_domains} clients for the {prepared.num_domains} domains; got "
+            f"{num_partitions} clients"
+        )
     if config.samples_per_client and config.partitioner != "domain-mixture":
-        parts = [p[: config.samples_per_client] for p in parts]  # parts are in random order
+        cap = config.samples_per_client  # parts are in random order
+        parts = [p if k == large else p[:cap] for k, p in enumerate(parts)]
     return tuple(
         split_indices(
-            p, config.val_fraction, config.test_fraction, stage_rng(config.seed, "split", k)
+            p,
+            config.val_fraction,
+            config.test_fraction,
+            stage_rng(config.seed, "split", k),
+            test_size_of=config.samples_per_client if k == large else None,
         )
         for k, p in enumerate(parts)
     )
@@ -208,6 +221,27 @@ def clear_caches() -> None:
 
     for cached in (prepare_pool, client_splits, load_client_data, load_vision_pool):
         cached.cache_clear()
+
+
+def _domain_shares(config: DataConfig, pool_size: int, num_domains: int) -> tuple[int, ...] | None:
+    """How many samples (or relative shares) each domain of the transform gets: as many as
+    the domain's clients (``domain-clients``), or, with ``large-client``, exactly
+    ``samples-per-client`` for every domain but the large client's, which takes the rest of
+    the pool; None for equal domains."""
+    if config.large_client < 0:
+        return config.domain_client_counts()  # domains as large as their client counts
+    regular = config.samples_per_client
+    rest = pool_size - (num_domains - 1) * regular
+    if rest <= regular:
+        raise ConfigError(
+            f"data config key 'large-client' = {config.large_client} needs a pool larger than "
+            f"num-domains x samples-per-client = {num_domains} x {regular} = "
+            f"{num_domains * regular}, so that the large client gets more than the others; the "
+            f"pool has {pool_size} samples (max-samples = {config.max_samples}, 0 = all)"
+        )
+    shares = [regular] * num_domains
+    shares[config.large_client] = rest
+    return tuple(shares)
 
 
 def _check_num_partitions(num_partitions: int) -> None:

@@ -30,11 +30,19 @@ class SplitIndices:
 
 
 def split_indices(
-    indices: np.ndarray, val_fraction: float, test_fraction: float, rng: np.random.Generator
+    indices: np.ndarray,
+    val_fraction: float,
+    test_fraction: float,
+    rng: np.random.Generator,
+    test_size_of: int | None = None,
 ) -> SplitIndices:
     """Cut a shuffled copy of ``indices`` into test, validation and train parts.
 
     The test and validation sizes are ``round(n * fraction)`` (halves up); train keeps the rest.
+
+    ``test_size_of``: a client larger than the others (FEDORA's imbalanced layout) gets the test
+    split a client of this many samples gets, and cuts the rest into validation and train in the
+    same ratio as that client, ``val_fraction : 1 - val_fraction - test_fraction``.
     """
     if not (0 <= val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
         raise ValueError(
@@ -43,10 +51,20 @@ def split_indices(
         )
     shuffled = rng.permutation(np.asarray(indices, dtype=np.int64))
     n = len(shuffled)
-    n_test = int(np.floor(n * test_fraction + 0.5))
-    n_val = int(np.floor(n * val_fraction + 0.5))
+    if test_size_of is None:
+        n_test = _rounded(n * test_fraction)
+        n_val = _rounded(n * val_fraction)
+    else:
+        n_test = min(n, _rounded(test_size_of * test_fraction))
+        # rounded to 9 decimals first, so that a half (0.1 / 0.8 = 0.12499...) rounds up
+        n_val = _rounded(round((n - n_test) * val_fraction / (1 - test_fraction), 9))
     return SplitIndices(
         train=shuffled[n_test + n_val :],
         val=shuffled[n_test : n_test + n_val],
         test=shuffled[:n_test],
     )
+
+
+def _rounded(x: float) -> int:
+    """``x`` rounded to an integer, halves up."""
+    return int(np.floor(x + 0.5))

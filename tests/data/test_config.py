@@ -19,6 +19,12 @@ def test_defaults_are_valid_and_hashable() -> None:
     assert {"mnist", "fashion-mnist", "cifar10", "cifar100"} <= set(available_datasets())
 
 
+LARGE_LAYOUT = {
+    "partitioner": "one-domain-per-client", "domain_transform": "rotation", "num_domains": 4,
+    "samples_per_client": 50, "large_client": 2,
+}
+
+
 @pytest.mark.parametrize(
     ("changes", "expected"),
     [
@@ -71,6 +77,18 @@ def test_defaults_are_valid_and_hashable() -> None:
         (
             {"domain_clients": "9,1"},
             ["'domain-clients'", "'9,1'", "partitioner 'iid'", "'one-domain-per-client'"],
+        ),
+        ({"large_client": -2}, ["'large-client'", "-2", ">= -1"]),
+        ({"large_client": 1.0}, ["'large-client'", "1.0", "int"]),
+        *(
+            ({**LARGE_LAYOUT, **change}, ["'large-client'", "-1 (no large client)", *why])
+            for change, why in (
+                ({"partitioner": "iid"}, ["partitioner 'one-domain-per-client'", "got 'iid'"]),
+                ({"domain_transform": "none", "num_domains": 1}, ["a domain transform"]),
+                ({"domain_clients": "1,1,1,1"}, ["domain-clients ''", "'1,1,1,1'"]),
+                ({"samples_per_client": 0}, ["samples-per-client > 0"]),
+                ({"large_client": 4}, ["below num-domains = 4"]),
+            )
         ),
         (
             {"partitioner": "domain-dirichlet", "domain_clients": "9,1", "domain_transform":

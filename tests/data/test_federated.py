@@ -187,6 +187,53 @@ def test_domain_clients_are_checked_against_the_federation() -> None:
         describe_partition(own, 4)
 
 
+def large_client_config(**changes) -> DataConfig:
+    """FEDORA's imbalanced layout on the toy pool (1000 images): 5 rotation domains, one client
+    each, 60 samples per client but client 2, which takes the rest."""
+    layout = {
+        "domain_transform": "rotation", "num_domains": 5, "rotation_step": 72.0,
+        "partitioner": "one-domain-per-client", "samples_per_client": 60, "large_client": 2,
+    }
+    return config(**{**layout, **changes})
+
+
+@pytest.mark.parametrize("max_samples, large_size", [(0, 1000 - 4 * 60), (700, 700 - 4 * 60)])
+def test_the_large_client_takes_the_rest_of_the_pool(max_samples: int, large_size: int) -> None:
+    cfg = large_client_config(max_samples=max_samples)
+    summaries = describe_partition(cfg, 5)
+    assert [s.num_samples for s in summaries] == [60, 60, large_size, 60, 60]
+    for k, s in enumerate(summaries):  # client k holds exactly domain k
+        assert s.domain_counts == tuple(s.num_samples if m == k else 0 for m in range(5))
+    # the others: test round(60 x 0.2) = 12, val round(60 x 0.1) = 6, train 42; the large client:
+    # the same test split, the rest cut 1 : 7 into val and train as the others' 6 : 42
+    assert {(s.num_train, s.num_val, s.num_test) for k, s in enumerate(summaries) if k != 2} == {(42, 6, 12)}
+    big = summaries[2]
+    assert big.num_test == 12 and big.num_val == round((large_size - 12) / 8)
+    assert big.num_train == large_size - 12 - big.num_val
+    # disjoint clients, and every label in the large client in its pool share (stratified)
+    splits = client_splits(cfg, 5)
+    everything = np.concatenate([s.concatenated() for s in splits])
+    assert len(np.unique(everything)) == len(everything) == sum(s.num_samples for s in summaries)
+    assert max(big.label_counts) - min(big.label_counts) <= 2
+
+
+def test_the_large_client_sees_its_own_rotation() -> None:
+    cfg = large_client_config()
+    pool, split = prepare_pool(cfg).pool, client_splits(cfg, 5)[2]
+    data = load_client_data(cfg, 2, 5)
+    assert len(data.train) == len(split.train) and set(data.train.domain.tolist()) == {2}
+    raw = pool.inputs(torch.from_numpy(split.train[:3]))
+    expected = (prepare_pool(cfg).transform(raw, torch.full((3,), 2), torch.Generator()) - 0.5) / 0.25
+    assert torch.allclose(data.train.x[:3], expected)
+
+
+def test_the_large_client_layout_is_checked_against_the_pool_and_federation() -> None:
+    with pytest.raises(ConfigError, match=r"one client per domain: 5 clients for the 5 domains; got 6"):
+        client_splits(large_client_config(), 6)
+    with pytest.raises(ConfigError, match=r"pool larger than num-domains x samples-per-client = 5 x 60 = 300.*has 300"):
+        prepare_pool(large_client_config(max_samples=300))
+
+
 def noisy_regression_config(**changes) -> DataConfig:
     """toy-noisy-regression in 3 unequal clients (domain 0's samples shared by clients 0 and 2,
     domain 1's all client 1's) after a subsample, with validation and test splits."""
