@@ -138,7 +138,7 @@ def head_statistics(
     indicator = _one_hot(domains, num_domains)
     counts = indicator.sum(-2)
     scale = 1.0 / counts.clamp(min=1)
-    n, a = layout.num_outputs, layout.in_dim
+    n = layout.num_outputs
     grads = torch.einsum("...lm,...lc,...la->...mca", indicator, resid, phi)
     if loss is HeadLoss.SQUARED:  # curvature is 2 I: H = 2 I kron Gram
         gram, _ = _domain_gram(phi, domains, num_domains)

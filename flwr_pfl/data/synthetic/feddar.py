@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -28,6 +29,10 @@ from torch import Tensor
 from torch.utils.data import TensorDataset
 
 from flwr_pfl.core import feddar as core
+
+if TYPE_CHECKING:  # the registry imports this module's builder: no import cycle at run time
+    from flwr_pfl.data.config import DataConfig
+    from flwr_pfl.data.registry import DatasetPool
 
 __all__ = [
     "MixtureConcentration",
@@ -424,7 +429,7 @@ def run_algorithm2(
 SYNTHETIC_POOL_SIZE = 60_000
 
 
-def feddar_synthetic_pool(config) -> "DatasetPool":
+def feddar_synthetic_pool(config: DataConfig) -> DatasetPool:
     """Builder of the registered dataset ``feddar-synthetic``: the Fig. 1 linear problem as a pool.
 
     Ground truth B* (d=20, k=2) and W* (M=5) are drawn from ``config.seed`` exactly as
@@ -442,7 +447,7 @@ def feddar_synthetic_pool(config) -> "DatasetPool":
     with the run key ``noise-free-test = true`` they are the noise-free targets, as in the
     paper's test set (the training and validation targets stay noisy).
     """
-    from flwr_pfl.data.registry import DatasetPool
+    from flwr_pfl.data.registry import DatasetPool  # noqa: F811 (run-time import, see above)
 
     rng = np.random.default_rng(config.seed)
     problem = make_domain_mixed_linear_problem(num_clients=1, rng=rng)
