@@ -275,6 +275,24 @@ def test_lambda_ablation_rows_differ_only_in_the_selection_rule():
     assert (constant["num-clients"], constant["rotation-step"]) == (36, 10.0)
 
 
+def test_the_imbalanced_lambda_column_is_the_papers_app_b_split(data_dir):
+    """Table 5 is the imbalanced setting: client 17 of 36 takes what the others' 469 leave."""
+    from flwr_pfl.data import DataConfig, describe_partition
+
+    c = _config("fedora-lambda-ablation", "quick", column=1)
+    assert (c["large-client"], c["samples-per-client"], c["num-clients"]) == (17, 469, 36)
+    data = DataConfig.from_run_config({**c, "data-dir": str(data_dir)})
+    sizes = [(s.num_train, s.num_val, s.num_test) for s in describe_partition(data, 36)]
+    assert sizes[17] == (35516, 17764, 277) and set(sizes[:17] + sizes[18:]) == {(128, 64, 277)}
+    assert _config("fedora-lambda-ablation", "quick", column=0).get("large-client", -1) == -1
+
+
+def test_the_scarce_fig1_column_has_five_training_samples_per_client():
+    for scale in ("quick", "paper"):
+        c = _config("feddar-fig1", scale, column=2)
+        assert c["noise-free-test"] and c["samples-per-client"] * (1 - c["test-fraction"]) == 5
+
+
 def test_unknown_method_or_column_names_stop_before_anything_runs(tmp_path):
     table = TABLES["fedgp-domain"]
     with pytest.raises(SystemExit, match="--methods: \\['FedGP'\\] not in table fedgp-domain"):
