@@ -38,12 +38,7 @@ def stage_app(app_dir: Path, stage_dir: Path) -> Path:
     components live in, without ``__pycache__``.
     """
     app_dir = app_dir.resolve()
-    target = stage_dir.resolve() / app_dir.name
-    if target == app_dir or target in app_dir.parents:
-        raise ValueError(f"staging into {target} would overwrite the app in {app_dir}")
-    if target.exists():
-        shutil.rmtree(target)
-    target.mkdir(parents=True)
+    target = _fresh_target(app_dir, stage_dir)
     for name in EXTRA_FILES:
         if (app_dir / name).is_file():
             shutil.copy2(app_dir / name, target / name)
@@ -65,10 +60,19 @@ def stage_bundled_app(app_dir: Path, stage_dir: Path) -> Path:
     ``fab-include`` names the package's files, which a checkout's bundle carries and this
     one-file app does not; Flower refuses a pattern that matches nothing.
     """
-    target = stage_dir.resolve() / app_dir.resolve().name
+    target = _fresh_target(app_dir.resolve(), stage_dir)
+    lines = (app_dir / "pyproject.toml").read_text().splitlines(keepends=True)
+    (target / "pyproject.toml").write_text("".join(line for line in lines if not line.lstrip().startswith("fab-include")))
+    return target
+
+
+def _fresh_target(app_dir: Path, stage_dir: Path) -> Path:
+    """An empty ``stage_dir/<app directory name>`` (what was there is removed); never the app's
+    own directory or one of its parents."""
+    target = stage_dir.resolve() / app_dir.name
+    if target == app_dir or target in app_dir.parents:
+        raise ValueError(f"staging into {target} would overwrite the app in {app_dir}")
     if target.exists():
         shutil.rmtree(target)
     target.mkdir(parents=True)
-    lines = (app_dir / "pyproject.toml").read_text().splitlines(keepends=True)
-    (target / "pyproject.toml").write_text("".join(line for line in lines if not line.lstrip().startswith("fab-include")))
     return target
