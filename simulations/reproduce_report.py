@@ -120,6 +120,23 @@ def summarize(table, figures: dict[str, dict[str, dict[int, float]]], extras: di
     return out
 
 
+def not_run(table, summary: dict[str, Any]) -> list[str]:
+    """The table's cells with no finished run, per column: the whole column or its missing methods.
+
+    A page written from part of a table (a long table run in pieces) says what it lacks, so a
+    missing row or column is never mistaken for one that was dropped.
+    """
+    pending = []
+    for column in table.columns:
+        done = summary.get(column.name, {})
+        missing = [m.label for m in table.methods if m.label not in done]
+        if len(missing) == len(table.methods):
+            pending.append(f"{column.name} (every method)")
+        elif missing:
+            pending.append(f"{column.name}: " + ", ".join(missing))
+    return pending
+
+
 def markdown(table, scale_name: str, summary: dict[str, Any], command: str, seconds: float | None) -> str:
     """The table's page: protocol, one table per column, the win rule, the command."""
     scale = table.scales[scale_name]
@@ -153,6 +170,10 @@ def markdown(table, scale_name: str, summary: dict[str, Any], command: str, seco
             cells += [f"{r['extras'][k][0]:.4f} ± {r['extras'][k][1]:.4f}" if k in r["extras"] else "" for k in extra_keys]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+    pending = not_run(table, summary)
+    if pending:
+        lines += ["**Not run yet at this scale** (the command below runs only these; finished runs are kept): "
+                  + "; ".join(pending) + ".", ""]
     lines += [f"![{table.name}]({table.name}-{scale_name}.png)", "", "Command:", "", "```", command, "```", ""]
     if seconds is not None:
         lines += [f"Compute: {seconds / 60:.1f} min of run time summed over all runs (CPU, in-process engine).", ""]

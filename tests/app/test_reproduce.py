@@ -6,12 +6,12 @@ the paper-scale configurations the app builds carry the paper's protocol.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -204,6 +204,20 @@ def test_table_page_shows_mean_std_paper_and_verdicts(tmp_path):
     assert (tmp_path / "toy-quick.png").stat().st_size > 1000
     summary = json.loads((tmp_path / "toy-quick.json").read_text())
     assert summary["col"]["noisy"]["paired"]["verdict"] == "tie"
+
+
+def test_a_page_written_from_part_of_a_table_names_what_has_not_run(tmp_path):
+    toy = _toy_table()
+    table = dataclasses.replace(toy, columns=toy.columns + (Column("later", "flwr_pfl/presets/tiny.toml"),))
+    results = {R.Run("col", m, s, {}, tmp_path / "x"): {"rows": _rows(0.8), "seconds": 1.0}
+               for m in ("new", "noisy") for s in (0, 1)}
+    page = R.write_table(table, "quick", results, "cmd", docs=tmp_path).read_text()
+    pending = next(line for line in page.splitlines() if line.startswith("**Not run yet"))
+    assert pending.endswith("col: base; later (every method).")
+    assert report.not_run(table, {"col": {m.label: {} for m in table.methods}, "later": {"new": {}}}) == ["later: base, noisy"]
+    full = {R.Run(c.name, m.label, 0, {}, tmp_path / "x"): {"rows": _rows(0.8), "seconds": 1.0}
+            for c in table.columns for m in table.methods}
+    assert "Not run yet" not in R.write_table(table, "quick", full, "cmd", docs=tmp_path).read_text()
 
 
 # ------------------------------------------------------------------------------------------
