@@ -408,7 +408,12 @@ batch of 4. Target test accuracy, mean of the last 5 evaluations.
     ),
     methods=tuple(Method(m.label, m.algorithm, m.overrides, {_NOISE: _TABLE12_FM04[m.label], _NOISE_PAPER: _TABLE12_FM04[m.label],
                                                              _NOISE_PAPER_08: _TABLE12_FM08[m.label]})
-                  for m in _fedgp_methods(_TABLE12_FM04, _NOISE)),
+                  for m in _fedgp_methods(_TABLE12_FM04, _NOISE)) + (
+        # fixed source weights either side of FedGP_0.5: the paper's FedGP_1 row, and 0.1, about the
+        # mean weight the auto rule gives the sources in these columns (does the rule pick too small a one?)
+        Method("FedGP_1", "fedgp", {"fedgp.beta": 1.0}, {_NOISE: 0.7167, _NOISE_PAPER: 0.7167, _NOISE_PAPER_08: 0.5418}),
+        Method("FedGP_0.1", "fedgp", {"fedgp.beta": 0.1}),
+    ),
     metric=("target_accuracy", "acc_d1"),
     metric_label="target test accuracy",
     reference="FedGP_Auto",
