@@ -414,8 +414,9 @@ batch of 4. Target test accuracy, mean of the last 5 evaluations.
         Method("FedGP_1", "fedgp", {"fedgp.beta": 1.0}, {_NOISE: 0.7167, _NOISE_PAPER: 0.7167, _NOISE_PAPER_08: 0.5418}),
         Method("FedGP_0.1", "fedgp", {"fedgp.beta": 0.1}),
         # the auto rows train the target with the paper code's batch of 4, every other row with 16:
-        # this row separates the auto weights from the target's batch (as in the label-shift table)
+        # these rows separate the auto weights from the target's batch (as in the label-shift table)
         Method("FedGP_Auto, target batch 16", "fedgp", _AUTO | {"fedgp.target-batch-size": 16}),
+        Method("FedDA_Auto, target batch 16", "fedda", _AUTO | {"fedda.target-batch-size": 16}),
     ),
     metric=("target_accuracy", "acc_d1"),
     metric_label="target test accuracy",
