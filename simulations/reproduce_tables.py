@@ -372,6 +372,14 @@ the phase-1 rounds only (the paper's 100 of 110). Accuracy of the global model o
 _AUTO = {"fedgp.auto-weight": True, "fedda.auto-weight": True, "fedgp.target-batch-size": 4, "fedda.target-batch-size": 4}
 
 
+#: ablation rows: the auto variants with the target batch of the other rows (16) instead of the
+#: paper code's 4, which separates the auto weights from the target's batch
+_AUTO_TARGET_BATCH_16 = (
+    Method("FedGP_Auto, target batch 16", "fedgp", _AUTO | {"fedgp.target-batch-size": 16}),
+    Method("FedDA_Auto, target batch 16", "fedda", _AUTO | {"fedda.target-batch-size": 16}),
+)
+
+
 def _fedgp_methods(paper: dict[str, float], column: str) -> tuple[Method, ...]:
     rows = (("FedGP_Auto", "fedgp", _AUTO), ("FedDA_Auto", "fedda", _AUTO), ("FedGP_0.5", "fedgp", {}),
             ("FedDA_0.5", "fedda", {}), ("Target Only", "target-only", {}), ("Source Only", "source-only", {}))
@@ -413,11 +421,7 @@ batch of 4. Target test accuracy, mean of the last 5 evaluations.
         # mean weight the auto rule gives the sources in these columns (does the rule pick too small a one?)
         Method("FedGP_1", "fedgp", {"fedgp.beta": 1.0}, {_NOISE: 0.7167, _NOISE_PAPER: 0.7167, _NOISE_PAPER_08: 0.5418}),
         Method("FedGP_0.1", "fedgp", {"fedgp.beta": 0.1}),
-        # the auto rows train the target with the paper code's batch of 4, every other row with 16:
-        # these rows separate the auto weights from the target's batch (as in the label-shift table)
-        Method("FedGP_Auto, target batch 16", "fedgp", _AUTO | {"fedgp.target-batch-size": 16}),
-        Method("FedDA_Auto, target batch 16", "fedda", _AUTO | {"fedda.target-batch-size": 16}),
-    ),
+    ) + _AUTO_TARGET_BATCH_16,
     metric=("target_accuracy", "acc_d1"),
     metric_label="target test accuracy",
     reference="FedGP_Auto",
@@ -439,10 +443,7 @@ split. Auto variants with a target batch of 4. Target test accuracy, mean of the
     columns=(Column(_LABEL, "flwr_pfl/presets/fedgp_fmnist_label_shift.toml"),),
     methods=_fedgp_methods({"FedGP_Auto": 0.8958, "FedDA_Auto": 0.8945, "FedGP_0.5": 0.8872, "FedDA_0.5": 0.7651,
                             "Target Only": 0.8802, "Source Only": 0.5990}, _LABEL) + (
-        # ablation: the auto variants with Target Only's target batch (16) instead of the paper code's 4
-        Method("FedGP_Auto, target batch 16", "fedgp", _AUTO | {"fedgp.target-batch-size": 16}),
-        Method("FedDA_Auto, target batch 16", "fedda", _AUTO | {"fedda.target-batch-size": 16}),
-    ),
+    ) + _AUTO_TARGET_BATCH_16,
     metric=("target_accuracy",),
     metric_label="target test accuracy",
     reference="FedGP_Auto",
