@@ -1,0 +1,106 @@
+"""How much each row of a reproduce table moves from one evaluation to the next.
+
+A table reports a run's figure at its last round (or the mean of its last few). Where a method's
+accuracy swings by several points between consecutive evaluations, that figure is a draw from the
+swing, and a row whose swing is larger than the gaps between rows cannot be ranked from it. This
+reads the committed run files that ``simulations/reproduce.py <table> --scale <scale>`` (with or
+without ``--lr-factors``) leaves under ``docs/reproduce/results/<table>/<scale>/`` and prints, per
+column, method and learning-rate factor: the mean absolute change of the table's metric between
+consecutive evaluations over each run's last ``--last`` evaluations (mean and spread over seeds),
+beside the table's figure. Writes them as JSON with ``--out``.
+
+    python simulations/round_swing.py pfedfda --scale quick --out docs/reproduce/pfedfda_round_swing.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from reproduce import DOCS, plan  # noqa: E402
+from reproduce_report import mean_std, run_figure  # noqa: E402
+from reproduce_tables import TABLES  # noqa: E402
+
+#: ``<method>_lr-x<factor>-s<seed>.json``: a learning-rate sweep's result file
+SWEEP_FILE = re.compile(r"_lr-x(?P<factor>[0-9.]+)-s\d+\.json$")
+
+
+def evaluations(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> list[float]:
+    """The run's evaluation-row values of the first key in ``keys`` it reports, in round order."""
+    evaluate = [r for r in rows if r.get("phase", "evaluate") == "evaluate"]
+    for key in keys:
+        values = [float(r[key]) for r in evaluate if r.get(key) is not None]
+        if values:
+            return values
+    return []
+
+
+def swing(values: list[float], last: int) -> float | None:
+    """Mean absolute change between consecutive values among the last ``last`` (None if < 2)."""
+    tail = np.asarray(values[-last:], dtype=float)
+    return float(np.mean(np.abs(np.diff(tail)))) if tail.size >= 2 else None
+
+
+def sweep_factors(results: Path) -> list[float]:
+    """Every learning-rate factor with a result file under ``results`` (the table's own: 1)."""
+    return sorted({1.0} | {float(m["factor"]) for p in results.rglob("*.json") if (m := SWEEP_FILE.search(p.name))})
+
+
+def measure(table_name: str, scale: str, last: int, results: Path = DOCS / "results") -> list[dict[str, Any]]:
+    """Per (column, method, factor): the swing and the table's figure over the finished seeds."""
+    table = TABLES[table_name]
+    seeds = list(table.scales[scale].seeds)
+    factors = sweep_factors(results / table.name / scale)
+    cells: dict[tuple[str, str, float], dict[str, list[float]]] = {}
+    for run in plan(table, scale, seeds, results.resolve(), lr_factors=factors):
+        if not run.result.exists():
+            continue
+        rows = json.loads(run.result.read_text())["rows"]
+        moved = swing(evaluations(rows, table.metric), last)
+        figure = run_figure(rows, table.metric, table.last)
+        if moved is None or figure is None:
+            continue
+        cell = cells.setdefault((run.column, run.method, run.lr_factor), {"swing": [], "figure": [], "seeds": []})
+        cell["swing"].append(moved)
+        cell["figure"].append(figure)
+        cell["seeds"].append(run.seed)
+    found = []
+    for (column, method, factor), cell in cells.items():
+        (swing_mean, swing_std), (figure_mean, figure_std) = mean_std(cell["swing"]), mean_std(cell["figure"])
+        found.append({"column": column, "method": method, "lr_factor": factor, "seeds": cell["seeds"],
+                      "swing_mean": swing_mean, "swing_std": swing_std, "swing_per_seed": cell["swing"],
+                      "figure_mean": figure_mean, "figure_std": figure_std})
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("table", choices=sorted(TABLES))
+    parser.add_argument("--scale", default="quick")
+    parser.add_argument("--last", type=int, default=10, help="evaluations per run the swing is measured over")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    if args.last < 2:
+        raise SystemExit(f"--last {args.last}: a swing needs at least 2 evaluations")
+    found = measure(args.table, args.scale, args.last)
+    if not found:
+        raise SystemExit(f"no finished runs of {args.table} at scale {args.scale} under {DOCS / 'results'}")
+    print(f"| column | method | lr factor | swing over the last {args.last} evaluations | table figure |")
+    print("|---|---|---|---|---|")
+    for f in found:
+        print(f"| {f['column']} | {f['method']} | x{f['lr_factor']:g} | {f['swing_mean']:.3f} ± {f['swing_std']:.3f} "
+              f"| {f['figure_mean']:.3f} ± {f['figure_std']:.3f} |")
+    if args.out:
+        args.out.write_text(json.dumps({"table": args.table, "scale": args.scale, "last": args.last, "cells": found},
+                                       indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
