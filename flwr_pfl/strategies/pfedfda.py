@@ -28,7 +28,7 @@ mean of every array.
 
 from __future__ import annotations
 
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -48,6 +48,7 @@ from flwr.server.client_proxy import ClientProxy
 from flwr_pfl.core.aggregation import weighted_average
 from flwr_pfl.core.metrics import summarize
 from flwr_pfl.core.pfedfda import (
+    COLLAPSED_SEPARATION,
     aggregate_statistics,
     bernoulli_participation,
     check_client_statistics,
@@ -126,6 +127,7 @@ class PFedFDA(PFLStrategy):
         self.train_clients = train_clients
         self.packed_cov = packed_cov
         self._extra: dict[str, dict[str, float]] = {}
+        self._collapse_reported = False
 
     # ---------------------------------------------------------------- helpers
     def is_last_round(self, server_round: int) -> bool:
@@ -201,8 +203,22 @@ class PFedFDA(PFLStrategy):
         parts = [self.split(r.arrays) for r in replies]
         backbone = weighted_average([p[0] for p in parts], counts) if parts[0][0] else []
         mu, sigma = aggregate_statistics([p[1] for p in parts], [p[2] for p in parts], counts)
-        self._extra["fit"] = global_statistics_summary(mu, sigma)  # ||mu_g||, tr and cond of Sigma_g
+        self._extra["fit"] = summary = global_statistics_summary(mu, sigma)  # ||mu_g||, Sigma_g, separation
+        self.report_collapse(server_round, summary["mu_g_separation"])
         return join_wire(backbone, mu, sigma, packed_cov=self.packed_cov)
+
+    def report_collapse(self, server_round: int, separation: float) -> None:
+        """Warn, once per run, when the global class means have merged (``mu_g_separation`` below
+        :data:`~flwr_pfl.core.pfedfda.server.COLLAPSED_SEPARATION`): the backbone's features no
+        longer separate the classes, and under the LDA head no later round can undo it
+        (:func:`~flwr_pfl.core.pfedfda.server.class_separation`). The metric is logged every round."""
+        if self._collapse_reported or not separation < COLLAPSED_SEPARATION:
+            return
+        self._collapse_reported = True
+        log(WARNING, "round %d: the global class means are %.3g feature standard deviations apart (a collapse "
+            "below %g): the backbone's features no longer separate the classes, the LDA head passes no gradient "
+            "back to them, and accuracy will stay at what the label prior predicts. Usual cause: too large a "
+            "learning rate; rerun with a smaller learning-rate.", server_round, separation, COLLAPSED_SEPARATION)
 
     def aggregate_fit(
         self,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -750,7 +749,11 @@ def test_initial_statistics_and_participation() -> None:
 
 def test_summaries() -> None:
     s = P.global_statistics_summary(np.array([[3.0, 4.0]]), np.diag([1.0, 4.0]))
-    assert s == {"mu_g_norm": 5.0, "sigma_g_trace": 5.0, "sigma_g_cond": 4.0}
+    assert {k: s[k] for k in ("mu_g_norm", "sigma_g_trace", "sigma_g_cond")} == {
+        "mu_g_norm": 5.0, "sigma_g_trace": 5.0, "sigma_g_cond": 4.0}
+    assert math.isnan(s["mu_g_separation"])  # one class: nothing to separate
+    two = P.global_statistics_summary(np.array([[1.0, 0.0], [-1.0, 0.0]]), 4.0 * np.eye(2))
+    assert two["mu_g_separation"] == pytest.approx(0.5)
     acc = P.client_accuracy_summary([0.5, 0.7, 0.9], [10, 10, 20])
     assert math.isclose(acc["wmean"], 0.75) and math.isclose(acc["mean"], 0.7)
     assert math.isclose(acc["std_bessel"], 0.2)
@@ -969,3 +972,36 @@ def test_t8_table8_parameter_counts() -> None:
         assert round(100 * cost.overhead, 3) == want_overhead
     # The packed covariance on the wire has exactly Table 8's (d^2 + d)/2 entries.
     assert P.cov_to_triu(np.eye(128)).size + 100 * 128 == 21_056
+
+
+def test_class_separation_is_the_means_spread_in_feature_standard_deviations() -> None:
+    # means +-1 around the centroid (distance 1 each); tr(Sigma) / d = 8 / 2 = 4, so sd 2: 1 / 2
+    means, cov = np.array([[1.0, 0.0], [-1.0, 0.0]]), np.diag([3.0, 5.0])
+    assert P.class_separation(means, cov) == pytest.approx(0.5)
+    # scale-free: features x 3 -> means x 3, Sigma x 9
+    assert P.class_separation(3.0 * means, 9.0 * cov) == pytest.approx(0.5)
+    assert P.class_separation(means + 10.0, cov) == pytest.approx(0.5)  # a shared offset is no separation
+    # three classes, distances 2, 1, 1 from the centroid (0, 0): mean 4/3, sd 1
+    three = np.array([[2.0, 0.0], [-1.0, 0.0], [-1.0, 0.0]])
+    assert P.class_separation(three, np.eye(2)) == pytest.approx(4.0 / 3.0)
+    assert P.class_separation(np.ones((4, 2)), np.eye(2)) == 0.0  # every mean equal: collapsed
+    assert P.class_separation(means, np.zeros((2, 2))) == math.inf  # no variance, distinct means
+    assert P.class_separation(np.ones((3, 2)), np.zeros((2, 2))) == 0.0
+    assert math.isnan(P.class_separation(np.ones((1, 2)), np.eye(2)))
+
+
+def test_a_collapsed_lda_head_passes_no_gradient_to_the_features() -> None:
+    """Why a collapse (class_separation ~ 0) is absorbing: with equal class means the LDA head's
+    logits differ only by the priors, so the cross-entropy's gradient w.r.t. the features is 0."""
+    d, c = 5, 3
+    cov = torch.eye(d, dtype=torch.float64) * 2.0
+    pi = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+    z = torch.randn(7, d, dtype=torch.float64, requires_grad=True)
+    y = torch.tensor([0, 1, 2, 0, 1, 2, 0])
+    for means, vanishes in ((torch.ones(c, d, dtype=torch.float64) * 0.7, True),
+                            (torch.eye(c, d, dtype=torch.float64), False)):
+        w = torch.linalg.solve(cov, means.T).T  # W = Sigma^-1 mu (rows w_c)
+        b = -0.5 * (means * w).sum(1) + torch.log(pi)
+        (grad,) = torch.autograd.grad(torch.nn.functional.cross_entropy(z @ w.T + b, y), z)
+        assert (grad.abs().max().item() < 1e-12) is vanishes
+        assert (P.class_separation(means.numpy(), cov.numpy()) < P.COLLAPSED_SEPARATION) is vanishes

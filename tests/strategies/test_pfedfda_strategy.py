@@ -3,6 +3,8 @@ client state and the client's fallbacks (spec §8-9)."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -16,7 +18,6 @@ from flwr_pfl.clients.base import LocalData, TrainConfig
 from flwr_pfl.data.types import ArraySplit
 from flwr_pfl.errors import ReplyError
 from flwr_pfl.models.base import EncoderHeadModel
-from flwr_pfl.strategies.validation import ClientReply
 from flwr_pfl.training import get_arrays, group_shapes
 
 from fakes import FakeProxy, fit_res, manager
@@ -163,6 +164,22 @@ def test_a_rejected_reply_is_counted_and_the_round_goes_on():
     params, metrics = s.aggregate_fit(1, [*good, bad], [])
     assert metrics["num_rejected"] == 1.0 and metrics["num_failures"] == 1.0
     assert params is not None and np.isfinite(metrics["sigma_g_trace"])
+
+
+def test_a_collapse_of_the_features_is_logged_every_round_and_warned_about_once(caplog):
+    s = ready_strategy()
+    apart = 3.0 * np.eye(C, D, dtype=np.float32)  # class means 3 apart: separated
+    healthy = [(FakeProxy(str(i), i), fit_res(wire(1.0, mu=apart, cov=spd(i)), 10, i)) for i in range(2)]
+    merged = np.full((C, D), 0.5, np.float32)
+    collapsed = [(FakeProxy(str(i), i), fit_res(wire(1.0, mu=merged + 1e-4 * i, cov=spd(i)), 10, i)) for i in range(2)]
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        _, metrics = s.aggregate_fit(1, healthy, [])
+        assert metrics["mu_g_separation"] > 0.5 and "collapse" not in caplog.text
+        for server_round in (2, 3):
+            _, metrics = s.aggregate_fit(server_round, collapsed, [])
+            assert metrics["mu_g_separation"] < 1e-3  # the per-round metric, every round
+    warnings = [r.getMessage() for r in caplog.records if "collapse" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith("round 2:") and "learning-rate" in warnings[0]
 
 
 def test_resumed_strategy_samples_what_the_uninterrupted_run_sampled():

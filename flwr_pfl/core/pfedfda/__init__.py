@@ -26,7 +26,7 @@ order); it re-exports their public API, so ``from flwr_pfl.core import pfedfda``
 * ``server``, the server step (Alg. 1 lines 1-2 and 15): :func:`init_global_statistics`,
   :func:`bernoulli_participation`, :func:`aggregate_statistics`,
   :func:`check_client_statistics`, :func:`global_statistics_summary`,
-  :func:`client_accuracy_summary`;
+  :func:`class_separation` (a collapse of the backbone's features), :func:`client_accuracy_summary`;
 * ``wire``, the wire layout: :func:`join_wire`, :func:`split_wire`, :func:`cov_to_triu`,
   :func:`triu_to_cov`;
 * ``theory``, theory and accounting: :func:`interpolated_mean_error`,
@@ -90,9 +90,11 @@ from flwr_pfl.core.pfedfda.cross_validation import (
 from flwr_pfl.core.pfedfda.beta import BetaResult, golden_section_minimize, solve_beta
 from flwr_pfl.core.pfedfda.personalization import Personalization, personalize
 from flwr_pfl.core.pfedfda.server import (
+    COLLAPSED_SEPARATION,
     aggregate_statistics,
     bernoulli_participation,
     check_client_statistics,
+    class_separation,
     client_accuracy_summary,
     global_statistics_summary,
     init_global_statistics,
@@ -106,6 +108,7 @@ from flwr_pfl.core.pfedfda.theory import (
 )
 
 __all__ = [
+    "COLLAPSED_SEPARATION",
     "BetaMode",
     "BetaResult",
     "BetaSearch",
@@ -126,6 +129,7 @@ __all__ = [
     "build_cv_folds",
     "check_client_statistics",
     "class_moments",
+    "class_separation",
     "client_accuracy_summary",
     "communication_cost",
     "cov_to_triu",

@@ -107,12 +107,44 @@ def check_client_statistics(
         raise ValueError(f"cov is not positive semi-definite (smallest eigenvalue {evals[0]:.3g})")
 
 
+#: a :func:`class_separation` below this means the backbone's features have collapsed: at the end
+#: of the runs whose accuracy froze at a constant it was 0.003-0.018, of the runs that trained
+#: 0.45-4.8 (docs/reproduce/README.md, the pFedFDA learning-rate sweep)
+COLLAPSED_SEPARATION = 0.05
+
+
+def class_separation(means: np.ndarray, cov: np.ndarray) -> float:
+    """How far apart the global class means are, at the features' own scale.
+
+    The mean distance of the class means mu_c from their centroid, divided by the features'
+    root-mean-square standard deviation sqrt(tr(Sigma) / d); NaN for fewer than 2 classes.
+    Scale-free: multiplying the features by a (means by a, Sigma by a^2) leaves it unchanged.
+
+    Why it is watched: near 0 the features no longer tell the classes apart, and the state is
+    absorbing. The LDA head built from the means, W = Sigma^-1 mu (Eq. 3), then has (nearly)
+    equal rows w, so the gradient it passes back to the backbone, W^T (p - y) = w sum_c (p_c - y_c)
+    = 0, vanishes, and local training cannot separate the features again; the accuracy freezes at
+    what the label prior alone predicts.
+    """
+    mu, sigma = np.asarray(means, dtype=np.float64), np.asarray(cov, dtype=np.float64)
+    if mu.ndim != 2 or mu.shape[0] < 2:
+        return math.nan
+    spread = float(np.linalg.norm(mu - mu.mean(axis=0), axis=1).mean())
+    scale = math.sqrt(max(float(np.trace(sigma)), 0.0) / mu.shape[1])
+    if scale == 0.0:  # no variance at all: separated only if the means differ
+        return math.inf if spread > 0 else 0.0
+    return spread / scale
+
+
 def global_statistics_summary(means: np.ndarray, cov: np.ndarray) -> dict[str, float]:
-    """Per-round log scalars (spec §10): ||mu_g||_F, tr(Sigma_g) and the condition number of Sigma_g."""
+    """Per-round log scalars (spec §10): ||mu_g||_F, tr(Sigma_g) and the condition number of
+    Sigma_g, plus the class means' separation (:func:`class_separation`), which shows a collapse
+    of the backbone's features."""
     mu, sigma = np.asarray(means, dtype=np.float64), np.asarray(cov, dtype=np.float64)
     evals = np.linalg.eigvalsh(0.5 * (sigma + sigma.T))
     cond = float(evals[-1] / evals[0]) if evals[0] > 0 else math.inf
-    return {"mu_g_norm": float(np.linalg.norm(mu)), "sigma_g_trace": float(np.trace(sigma)), "sigma_g_cond": cond}
+    return {"mu_g_norm": float(np.linalg.norm(mu)), "sigma_g_trace": float(np.trace(sigma)), "sigma_g_cond": cond,
+            "mu_g_separation": class_separation(mu, sigma)}
 
 
 def client_accuracy_summary(accuracies: Sequence[float], num_test: Sequence[int]) -> dict[str, float]:
