@@ -22,15 +22,22 @@ from flwr_pfl.app.compare import paired_verdict
 WORDS = {"ahead": "better", "behind": "worse", "tie": "tie (within spread)", "one seed": "one seed (no spread)"}
 
 
+def evaluation_values(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> list[float]:
+    """The run's evaluation-row values of the first key in ``keys`` it reports, in round order
+    (empty if it reports none)."""
+    evaluate = [r for r in rows if r.get("phase", "evaluate") == "evaluate"]
+    for key in keys:
+        values = [float(r[key]) for r in evaluate if r.get(key) is not None]
+        if values:
+            return values
+    return []
+
+
 def run_figure(rows: list[dict[str, Any]], keys: tuple[str, ...], last: int) -> float | None:
     """Mean of the last ``last`` evaluation rows' value of the first key in ``keys`` the run reports
     (``None`` if it reports none)."""
-    evaluate = [r for r in rows if r.get("phase", "evaluate") == "evaluate"]
-    for key in keys:
-        values = [r[key] for r in evaluate if r.get(key) is not None]
-        if values:
-            return float(np.mean(values[-last:]))
-    return None
+    values = evaluation_values(rows, keys)
+    return float(np.mean(values[-last:])) if values else None
 
 
 def fit_mean(rows: list[dict[str, Any]], key: str) -> float | None:

@@ -24,22 +24,12 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from reproduce import DOCS, plan  # noqa: E402
-from reproduce_report import mean_std, run_figure  # noqa: E402
+from reproduce import DOCS, finished, plan  # noqa: E402
+from reproduce_report import evaluation_values, mean_std, run_figure  # noqa: E402
 from reproduce_tables import TABLES  # noqa: E402
 
 #: ``<method>_lr-x<factor>-s<seed>.json``: a learning-rate sweep's result file
 SWEEP_FILE = re.compile(r"_lr-x(?P<factor>[0-9.]+)-s\d+\.json$")
-
-
-def evaluations(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> list[float]:
-    """The run's evaluation-row values of the first key in ``keys`` it reports, in round order."""
-    evaluate = [r for r in rows if r.get("phase", "evaluate") == "evaluate"]
-    for key in keys:
-        values = [float(r[key]) for r in evaluate if r.get(key) is not None]
-        if values:
-            return values
-    return []
 
 
 def swing(values: list[float], last: int) -> float | None:
@@ -60,10 +50,11 @@ def measure(table_name: str, scale: str, last: int, results: Path = DOCS / "resu
     factors = sweep_factors(results / table.name / scale)
     cells: dict[tuple[str, str, float], dict[str, list[float]]] = {}
     for run in plan(table, scale, seeds, results.resolve(), lr_factors=factors):
-        if not run.result.exists():
+        stored = finished(run)  # None: not run, or run with another configuration
+        if stored is None:
             continue
-        rows = json.loads(run.result.read_text())["rows"]
-        moved = swing(evaluations(rows, table.metric), last)
+        rows = stored["rows"]
+        moved = swing(evaluation_values(rows, table.metric), last)
         figure = run_figure(rows, table.metric, table.last)
         if moved is None or figure is None:
             continue

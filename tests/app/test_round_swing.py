@@ -22,12 +22,12 @@ def test_swing_is_the_mean_absolute_step_over_the_last_evaluations_only():
     assert S.swing([0.5], last=10) is None
 
 
-def test_evaluations_read_the_first_metric_key_a_run_reports_from_evaluation_rows_only():
+def test_evaluation_values_read_the_first_metric_key_a_run_reports_from_evaluation_rows_only():
     rows = [{"phase": "fit", "acc": 9.0}, {"phase": "evaluate", "acc": 0.1}, {"phase": "evaluate", "global_acc": 0.7},
             {"phase": "evaluate", "acc": 0.3}]
-    assert S.evaluations(rows, ("acc", "global_acc")) == [0.1, 0.3]
-    assert S.evaluations(rows, ("missing", "global_acc")) == [0.7]
-    assert S.evaluations(rows, ("missing",)) == []
+    assert S.evaluation_values(rows, ("acc", "global_acc")) == [0.1, 0.3]
+    assert S.evaluation_values(rows, ("missing", "global_acc")) == [0.7]
+    assert S.evaluation_values(rows, ("missing",)) == []
 
 
 def test_measure_groups_runs_by_column_method_and_learning_rate_factor(tmp_path):

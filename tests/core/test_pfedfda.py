@@ -1000,8 +1000,7 @@ def test_a_collapsed_lda_head_passes_no_gradient_to_the_features() -> None:
     y = torch.tensor([0, 1, 2, 0, 1, 2, 0])
     for means, vanishes in ((torch.ones(c, d, dtype=torch.float64) * 0.7, True),
                             (torch.eye(c, d, dtype=torch.float64), False)):
-        w = torch.linalg.solve(cov, means.T).T  # W = Sigma^-1 mu (rows w_c)
-        b = -0.5 * (means * w).sum(1) + torch.log(pi)
+        w, b = P.lda_head(means, cov, pi)  # W = Sigma^-1 mu (rows w_c), b from mu and the priors
         (grad,) = torch.autograd.grad(torch.nn.functional.cross_entropy(z @ w.T + b, y), z)
         assert (grad.abs().max().item() < 1e-12) is vanishes
         assert (P.class_separation(means.numpy(), cov.numpy()) < P.COLLAPSED_SEPARATION) is vanishes
