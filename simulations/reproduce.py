@@ -29,7 +29,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -159,6 +159,27 @@ def finished(run: Run) -> dict[str, Any] | None:
     return None if changed_keys(saved, _comparable(run.config), LOCATION_KEYS) else stored
 
 
+#: ``<method>_lr-x<factor>-s<seed>.json``: a learning-rate sweep's result file
+SWEEP_FILE = re.compile(r"_lr-x(?P<factor>[0-9.]+)-s\d+\.json$")
+
+
+def sweep_factors(results: Path) -> list[float]:
+    """Every learning-rate factor with a result file under ``results`` (the table's own: 1)."""
+    return sorted({1.0} | {float(m["factor"]) for p in results.rglob("*.json") if (m := SWEEP_FILE.search(p.name))})
+
+
+def stored_runs(table: Table, scale: str, results: Path = DOCS / "results") -> Iterator[tuple[Run, dict[str, Any]]]:
+    """Every run of ``table`` at ``scale`` that finished with its current configuration, at every
+    learning-rate factor with a result file under ``results``, with its stored result (for the
+    scripts that read a table's runs after the fact)."""
+    seeds = list(table.scales[scale].seeds)
+    factors = sweep_factors(results / table.name / scale)
+    for run in plan(table, scale, seeds, results.resolve(), lr_factors=factors):
+        stored = finished(run)  # None: not run, or run with another configuration
+        if stored is not None:
+            yield run, stored
+
+
 def write_atomic(path: Path, payload: dict[str, Any]) -> None:
     """Write JSON to a temporary file in the same folder, then rename it over ``path``: a kill
     leaves either the old file or the new one, never half of one."""
@@ -177,7 +198,7 @@ def app_run(config: dict[str, Any]) -> list[dict[str, Any]]:
 
     torch.set_num_threads(1)
     logging.getLogger("flwr").setLevel(logging.WARNING)
-    run_one(config, "inprocess")
+    run_one(config, "inprocess")  # replaces what a killed run, or one of another configuration, left there
     return json.loads((parse_experiment(config).output_path() / "metrics.json").read_text())
 
 

@@ -22,15 +22,20 @@ from flwr_pfl.app.compare import paired_verdict
 WORDS = {"ahead": "better", "behind": "worse", "tie": "tie (within spread)", "one seed": "one seed (no spread)"}
 
 
-def evaluation_values(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> list[float]:
-    """The run's evaluation-row values of the first key in ``keys`` it reports, in round order
-    (empty if it reports none)."""
+def evaluation_series(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> list[tuple[int, float]]:
+    """The run's evaluation rows' (round, value) of the first key in ``keys`` it reports, in row
+    order (empty if it reports none; a row without a round number counts by position, from 1)."""
     evaluate = [r for r in rows if r.get("phase", "evaluate") == "evaluate"]
     for key in keys:
-        values = [float(r[key]) for r in evaluate if r.get(key) is not None]
-        if values:
-            return values
+        series = [(int(r.get("round", i)), float(r[key])) for i, r in enumerate(evaluate, 1) if r.get(key) is not None]
+        if series:
+            return series
     return []
+
+
+def evaluation_values(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> list[float]:
+    """The values of :func:`evaluation_series`, without their rounds."""
+    return [value for _, value in evaluation_series(rows, keys)]
 
 
 def run_figure(rows: list[dict[str, Any]], keys: tuple[str, ...], last: int) -> float | None:

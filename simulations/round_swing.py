@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,12 +23,9 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from reproduce import DOCS, finished, plan  # noqa: E402
+from reproduce import DOCS, stored_runs  # noqa: E402
 from reproduce_report import evaluation_values, mean_std, run_figure  # noqa: E402
 from reproduce_tables import TABLES  # noqa: E402
-
-#: ``<method>_lr-x<factor>-s<seed>.json``: a learning-rate sweep's result file
-SWEEP_FILE = re.compile(r"_lr-x(?P<factor>[0-9.]+)-s\d+\.json$")
 
 
 def swing(values: list[float], last: int) -> float | None:
@@ -38,21 +34,11 @@ def swing(values: list[float], last: int) -> float | None:
     return float(np.mean(np.abs(np.diff(tail)))) if tail.size >= 2 else None
 
 
-def sweep_factors(results: Path) -> list[float]:
-    """Every learning-rate factor with a result file under ``results`` (the table's own: 1)."""
-    return sorted({1.0} | {float(m["factor"]) for p in results.rglob("*.json") if (m := SWEEP_FILE.search(p.name))})
-
-
 def measure(table_name: str, scale: str, last: int, results: Path = DOCS / "results") -> list[dict[str, Any]]:
     """Per (column, method, factor): the swing and the table's figure over the finished seeds."""
     table = TABLES[table_name]
-    seeds = list(table.scales[scale].seeds)
-    factors = sweep_factors(results / table.name / scale)
     cells: dict[tuple[str, str, float], dict[str, list[float]]] = {}
-    for run in plan(table, scale, seeds, results.resolve(), lr_factors=factors):
-        stored = finished(run)  # None: not run, or run with another configuration
-        if stored is None:
-            continue
+    for run, stored in stored_runs(table, scale, results):
         rows = stored["rows"]
         moved = swing(evaluation_values(rows, table.metric), last)
         figure = run_figure(rows, table.metric, table.last)

@@ -74,6 +74,46 @@ def test_resume_after_a_kill_runs_only_what_is_missing(tmp_path):
     assert resumed.calls == [2, 3, 4]
 
 
+class Killed(BaseException):
+    """Stands for the process being killed (not an Exception: nothing may catch it)."""
+
+
+def _app_config(tmp_path: Path, dataset: str, rounds: int) -> dict:
+    """A small real run of a personalized algorithm (its client state is what a resume would lose)."""
+    return {"algorithm": "local", "dataset": dataset, "model": "mlp", "num-clients": 3, "num-server-rounds": rounds,
+            "learning-rate": 0.1, "partitioner": "iid", "test-fraction": 0.25, "seed": 3,
+            "output-dir": str(tmp_path), "run-name": "run"}
+
+
+@pytest.mark.parametrize("before", ["killed at round 2 of 3", "finished with 1 round"])
+def test_the_real_runner_starts_over_a_run_directory_it_did_not_finish(tmp_path, blobs_dataset, monkeypatch, before):
+    """What the app left in a run's directory (a killed run, or a run of another configuration)
+    neither blocks the driver (the app itself refuses to overwrite a run) nor leaks into the new run:
+    it starts over (a resume from the checkpoint would lose the clients' in-memory state)."""
+    from flwr_pfl.app.results import ResultsWriter
+
+    straight = R.app_run(_app_config(tmp_path / "straight", blobs_dataset, 3))
+    config = _app_config(tmp_path / "again", blobs_dataset, 3)
+    if before.startswith("killed"):
+        end_round = ResultsWriter.end_round
+
+        def end(self, r):
+            end_round(self, r)
+            if r == 2:
+                raise Killed("killed after round 2")
+
+        with monkeypatch.context() as m:
+            m.setattr(ResultsWriter, "end_round", end)
+            with pytest.raises(Killed):
+                R.app_run(config)
+    else:
+        R.app_run(config | {"num-server-rounds": 1})
+    assert (tmp_path / "again" / "run" / "checkpoint.npz").exists()  # the app would refuse this directory
+    rows = R.app_run(config)
+    assert rows == straight  # every round from the start, as an uninterrupted run
+    assert [r["round"] for r in rows if r["phase"] == "evaluate"] == [1, 2, 3]
+
+
 def test_changed_configuration_or_broken_file_runs_again(tmp_path):
     runs = _runs(tmp_path, 3)
     R.run_all(runs, FakeRunner(), log=lambda _: None)

@@ -58,4 +58,4 @@ def test_sweep_factors_come_from_the_result_file_names(tmp_path):
     (tmp_path / "col").mkdir()
     for name in ("FedAvg-s0.json", "FedAvg_lr-x0.5-s0.json", "FedAvg_+_FT_lr-x16-s2.json", "FedAvg_lr-x0.5-s1.json"):
         (tmp_path / "col" / name).write_text("{}")
-    assert S.sweep_factors(tmp_path) == [0.5, 1.0, 16.0]
+    assert R.sweep_factors(tmp_path) == [0.5, 1.0, 16.0]
