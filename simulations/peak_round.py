@@ -21,18 +21,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from reproduce import DOCS, stored_runs  # noqa: E402
-from reproduce_report import evaluation_series, mean_std  # noqa: E402
+from reproduce import DOCS, over_seeds  # noqa: E402
+from reproduce_report import evaluation_series  # noqa: E402
 from reproduce_tables import TABLES  # noqa: E402
-
-#: the per-run figures, each averaged over seeds in a cell (the rounds are also listed per seed)
-FIGURES = ("best_round", "best", "last", "give_back", "val_min_round", "at_val_min")
-
 
 def peak(series: list[tuple[int, float]], higher_is_better: bool = True) -> tuple[int, float]:
     """The (round, value) of the best value of ``series`` (the first such round on ties)."""
@@ -49,7 +46,8 @@ def value_at(series: list[tuple[int, float]], round_: int) -> float | None:
 
 def run_peaks(rows: list[dict[str, Any]], metric: tuple[str, ...], higher_is_better: bool,
               val_key: str) -> dict[str, float | int | None] | None:
-    """One run's figures (see :data:`FIGURES`); None if it reports no value of the metric.
+    """One run's figures: ``best_round``, ``best``, ``last``, ``give_back``, ``val_min_round`` and
+    ``at_val_min``; None if it reports no value of the metric.
 
     ``give_back`` is the best value minus the last one for a higher-is-better metric (the other way
     round otherwise), so it is >= 0 and 0 for a run still at its best at the end. The
@@ -75,26 +73,10 @@ def run_peaks(rows: list[dict[str, Any]], metric: tuple[str, ...], higher_is_bet
 
 def measure(table_name: str, scale: str, val_key: str = "val_loss_mean",
             results: Path = DOCS / "results") -> list[dict[str, Any]]:
-    """Per (column, method, factor): mean and std over the finished seeds of each of :data:`FIGURES`,
-    with the per-seed values."""
+    """Per (column, method, factor): mean and std over the finished seeds of each figure of
+    :func:`run_peaks`, with the per-seed values."""
     table = TABLES[table_name]
-    cells: dict[tuple[str, str, float], dict[str, Any]] = {}
-    for run, stored in stored_runs(table, scale, results):
-        figures = run_peaks(stored["rows"], table.metric, table.higher_is_better, val_key)
-        if figures is None:
-            continue
-        cell = cells.setdefault((run.column, run.method, run.lr_factor), {"seeds": [], **{f: [] for f in FIGURES}})
-        cell["seeds"].append(run.seed)
-        for name in FIGURES:
-            cell[name].append(figures[name])
-    found = []
-    for (column, method, factor), cell in cells.items():
-        entry: dict[str, Any] = {"column": column, "method": method, "lr_factor": factor, "seeds": cell["seeds"]}
-        for name in FIGURES:
-            entry[f"{name}_mean"], entry[f"{name}_std"] = mean_std(cell[name])
-            entry[f"{name}_per_seed"] = cell[name]
-        found.append(entry)
-    return found
+    return over_seeds(table, scale, lambda rows: run_peaks(rows, table.metric, table.higher_is_better, val_key), results)
 
 
 def _rounds(values: list[int | None]) -> str:
@@ -103,7 +85,7 @@ def _rounds(values: list[int | None]) -> str:
 
 def _value(entry: dict[str, Any], name: str) -> str:
     mean, std = entry[f"{name}_mean"], entry[f"{name}_std"]
-    return "-" if mean != mean else f"{mean:.4f} ± {std:.4f}"  # NaN: no seed reports it
+    return "-" if math.isnan(mean) else f"{mean:.4f} ± {std:.4f}"  # NaN: no seed reports it
 
 
 def main() -> None:

@@ -180,6 +180,31 @@ def stored_runs(table: Table, scale: str, results: Path = DOCS / "results") -> I
             yield run, stored
 
 
+def over_seeds(table: Table, scale: str, per_run: Callable[[list[dict[str, Any]]], dict[str, Any] | None],
+               results: Path = DOCS / "results") -> list[dict[str, Any]]:
+    """Per (column, method, learning-rate factor) of the table's finished runs: each figure that
+    ``per_run`` computes from a run's rows, as ``<name>_mean`` and ``<name>_std`` over the seeds
+    (:func:`reproduce_report.mean_std`) and ``<name>_per_seed``, with the cell's ``seeds``. A run
+    for which ``per_run`` returns None is left out."""
+    cells: dict[tuple[str, str, float], dict[str, list[Any]]] = {}
+    for run, stored in stored_runs(table, scale, results):
+        figures = per_run(stored["rows"])
+        if figures is None:
+            continue
+        cell = cells.setdefault((run.column, run.method, run.lr_factor), {"seeds": []})
+        cell["seeds"].append(run.seed)
+        for name, value in figures.items():
+            cell.setdefault(name, []).append(value)
+    found = []
+    for (column, method, factor), cell in cells.items():
+        entry: dict[str, Any] = {"column": column, "method": method, "lr_factor": factor, "seeds": cell.pop("seeds")}
+        for name, values in cell.items():
+            entry[f"{name}_mean"], entry[f"{name}_std"] = report.mean_std(values)
+            entry[f"{name}_per_seed"] = values
+        found.append(entry)
+    return found
+
+
 def write_atomic(path: Path, payload: dict[str, Any]) -> None:
     """Write JSON to a temporary file in the same folder, then rename it over ``path``: a kill
     leaves either the old file or the new one, never half of one."""

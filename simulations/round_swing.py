@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from reproduce import DOCS, stored_runs  # noqa: E402
-from reproduce_report import evaluation_values, mean_std, run_figure  # noqa: E402
+from reproduce import DOCS, over_seeds  # noqa: E402
+from reproduce_report import evaluation_values, run_figure  # noqa: E402
 from reproduce_tables import TABLES  # noqa: E402
 
 
@@ -37,24 +37,13 @@ def swing(values: list[float], last: int) -> float | None:
 def measure(table_name: str, scale: str, last: int, results: Path = DOCS / "results") -> list[dict[str, Any]]:
     """Per (column, method, factor): the swing and the table's figure over the finished seeds."""
     table = TABLES[table_name]
-    cells: dict[tuple[str, str, float], dict[str, list[float]]] = {}
-    for run, stored in stored_runs(table, scale, results):
-        rows = stored["rows"]
+
+    def per_run(rows: list[dict[str, Any]]) -> dict[str, float] | None:
         moved = swing(evaluation_values(rows, table.metric), last)
         figure = run_figure(rows, table.metric, table.last)
-        if moved is None or figure is None:
-            continue
-        cell = cells.setdefault((run.column, run.method, run.lr_factor), {"swing": [], "figure": [], "seeds": []})
-        cell["swing"].append(moved)
-        cell["figure"].append(figure)
-        cell["seeds"].append(run.seed)
-    found = []
-    for (column, method, factor), cell in cells.items():
-        (swing_mean, swing_std), (figure_mean, figure_std) = mean_std(cell["swing"]), mean_std(cell["figure"])
-        found.append({"column": column, "method": method, "lr_factor": factor, "seeds": cell["seeds"],
-                      "swing_mean": swing_mean, "swing_std": swing_std, "swing_per_seed": cell["swing"],
-                      "figure_mean": figure_mean, "figure_std": figure_std})
-    return found
+        return None if moved is None or figure is None else {"swing": moved, "figure": figure}
+
+    return over_seeds(table, scale, per_run, results)
 
 
 def main() -> None:

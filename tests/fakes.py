@@ -1,5 +1,5 @@
 """Shared test scaffolding: fake Flower clients and replies, pFedFDA's server-side wire and
-strategy, a tiny seeded model, a synthetic covariate-shift dataset.
+strategy, a tiny seeded model, a synthetic covariate-shift dataset, a kill of a running app.
 
 Plain helpers, imported as ``from fakes import ...``: ``tests/`` is on ``sys.path`` through
 ``pythonpath`` in pyproject.toml."""
@@ -28,6 +28,7 @@ from flwr.server.client_proxy import ClientProxy
 from torch import nn
 
 import flwr_pfl.core.pfedfda as pfedfda
+from flwr_pfl.app.results import ResultsWriter
 from flwr_pfl.data.registry import DatasetPool, register_dataset
 from flwr_pfl.models.base import EncoderHeadModel
 from flwr_pfl.strategies import PFedFDA
@@ -263,3 +264,27 @@ def load_test_module(relative_path: str, name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+class Killed(BaseException):
+    """Stands for the process being killed (not an Exception: nothing may catch it)."""
+
+
+def kill_at(monkeypatch, server_round: int, where: str) -> None:
+    """Stop the next app run at ``server_round``: ``"end"`` (after its checkpoint, if one is due)
+    or a phase (``"fit"``, ``"evaluate"``: right after that phase's row was appended), by raising
+    :class:`Killed` from the results writer."""
+    end_round, on_round = ResultsWriter.end_round, ResultsWriter.on_round
+
+    def end(self, r):
+        end_round(self, r)
+        if where == "end" and r == server_round:
+            raise Killed(f"killed after round {r}")
+
+    def row(self, r, phase, metrics, clients):
+        on_round(self, r, phase, metrics, clients)
+        if phase == where and r == server_round:
+            raise Killed(f"killed after the {phase} row of round {r}")
+
+    monkeypatch.setattr(ResultsWriter, "end_round", end)
+    monkeypatch.setattr(ResultsWriter, "on_round", row)

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from fakes import Killed, kill_at
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "simulations"))
 
@@ -74,10 +76,6 @@ def test_resume_after_a_kill_runs_only_what_is_missing(tmp_path):
     assert resumed.calls == [2, 3, 4]
 
 
-class Killed(BaseException):
-    """Stands for the process being killed (not an Exception: nothing may catch it)."""
-
-
 def _app_config(tmp_path: Path, dataset: str, rounds: int) -> dict:
     """A small real run of a personalized algorithm (its client state is what a resume would lose)."""
     return {"algorithm": "local", "dataset": dataset, "model": "mlp", "num-clients": 3, "num-server-rounds": rounds,
@@ -90,20 +88,11 @@ def test_the_real_runner_starts_over_a_run_directory_it_did_not_finish(tmp_path,
     """What the app left in a run's directory (a killed run, or a run of another configuration)
     neither blocks the driver (the app itself refuses to overwrite a run) nor leaks into the new run:
     it starts over (a resume from the checkpoint would lose the clients' in-memory state)."""
-    from flwr_pfl.app.results import ResultsWriter
-
     straight = R.app_run(_app_config(tmp_path / "straight", blobs_dataset, 3))
     config = _app_config(tmp_path / "again", blobs_dataset, 3)
     if before.startswith("killed"):
-        end_round = ResultsWriter.end_round
-
-        def end(self, r):
-            end_round(self, r)
-            if r == 2:
-                raise Killed("killed after round 2")
-
         with monkeypatch.context() as m:
-            m.setattr(ResultsWriter, "end_round", end)
+            kill_at(m, 2, "end")
             with pytest.raises(Killed):
                 R.app_run(config)
     else:

@@ -32,17 +32,12 @@ import numpy as np
 import pytest
 from flwr.app import Context, RecordDict
 
-from fakes import register_domain_blobs
+from fakes import Killed, kill_at, register_domain_blobs
 from flwr_pfl.app.client_app import app as client_app
 from flwr_pfl.app.inprocess import InProcessGrid
-from flwr_pfl.app.results import ResultsWriter
 from flwr_pfl.app.server_app import app as server_app
 
 NUM_CLIENTS = 6
-
-
-class Killed(BaseException):
-    """Stands for the process being killed (not an Exception: nothing may catch it)."""
 
 
 @pytest.fixture(scope="module")
@@ -95,25 +90,6 @@ def serve(grid: InProcessGrid, cfg: dict) -> None:
 
 def new_grid(cfg: dict) -> InProcessGrid:
     return InProcessGrid(client_app, cfg["num-clients"], cfg)
-
-
-def kill_at(monkeypatch, server_round: int, where: str) -> None:
-    """Stop the next run at ``server_round``: ``"end"`` (after its checkpoint, if one is due) or
-    a phase (``"fit"``, ``"evaluate"``: right after that phase's row was appended)."""
-    end_round, on_round = ResultsWriter.end_round, ResultsWriter.on_round
-
-    def end(self, r):
-        end_round(self, r)
-        if where == "end" and r == server_round:
-            raise Killed(f"killed after round {r}")
-
-    def row(self, r, phase, metrics, clients):
-        on_round(self, r, phase, metrics, clients)
-        if phase == where and r == server_round:
-            raise Killed(f"killed after the {phase} row of round {r}")
-
-    monkeypatch.setattr(ResultsWriter, "end_round", end)
-    monkeypatch.setattr(ResultsWriter, "on_round", row)
 
 
 def outcome(tmp_path, name: str) -> dict[str, object]:

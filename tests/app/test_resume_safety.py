@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from flwr.app import Context, RecordDict
 
+from fakes import Killed
 import flwr_pfl.app.checkpoint as checkpoint_module
 from flwr_pfl.app.checkpoint import CHECKPOINT_NAME, encode_state, read_checkpoint, write_checkpoint
 from flwr_pfl.app.client_app import app as client_app
@@ -33,10 +34,6 @@ def config(tmp_path, dataset, **overrides) -> dict:
 
 def run(cfg: dict) -> InProcessGrid:
     return run_inprocess(server_app, client_app, cfg["num-clients"], cfg)
-
-
-class Killed(BaseException):
-    """Stands for the process being killed."""
 
 
 # ------------------------------------------------------------------------------ encoding
