@@ -40,15 +40,18 @@ import argparse
 import copy
 import json
 import os
+from itertools import product
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
+from flwr_pfl.core.aggregation import weighted_average
 from flwr_pfl.data import DataConfig
 from flwr_pfl.data.registry import dataset_builder
 from flwr_pfl.models import build_model
+from flwr_pfl.training.params import get_arrays, set_arrays
 
 NOISE = (0.0, 0.4, 0.8)
 
@@ -91,7 +94,11 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, noise: float, s
 
 def one_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, scale,
               g: torch.Generator, batch_size: int, reset_every: int = 0) -> None:
-    """One pass over ``(x, y)`` in a random order; a fresh Adam every ``reset_every`` steps (0: never)."""
+    """One pass over ``(x, y)`` in a random order; a fresh Adam every ``reset_every`` steps (0: never).
+
+    Not :func:`flwr_pfl.training.train`: that loop builds a fresh optimizer on every call, by
+    design, and whether the optimizer's state survives is what this script varies.
+    """
     perm = torch.randperm(len(x), generator=g)
     for step, i in enumerate(range(0, len(perm), batch_size)):
         if reset_every and step and step % reset_every == 0:
@@ -127,19 +134,17 @@ def train(make, x: torch.Tensor, y: torch.Tensor, scale, *, protocol: str, epoch
                 optimizer.state.clear()
             one_epoch(model, optimizer, x, y, scale, g, batch_size, reset)
         else:
-            start = {k: v.clone() for k, v in model.state_dict().items()}
-            total = {k: torch.zeros_like(v) for k, v in start.items()}
+            start, trained = get_arrays(model), []
             for c, share in enumerate(shares):
-                model.load_state_dict(start)
+                set_arrays(model, start)
                 optimizer.state.clear()
                 if protocol == "fedavg-keep-adam" and client_states[c]:
                     optimizer.load_state_dict(client_states[c])
                 one_epoch(model, optimizer, x[share], y[share], scale, g, batch_size)
                 if protocol == "fedavg-keep-adam":
                     client_states[c] = copy.deepcopy(optimizer.state_dict())
-                for k, v in model.state_dict().items():
-                    total[k] += v * (len(share) / len(x))
-            model.load_state_dict(total)
+                trained.append(get_arrays(model))
+            set_arrays(model, weighted_average(trained, [len(share) for share in shares]))
         if after_epoch is not None:
             after_epoch(epoch, model)
     return model
@@ -181,23 +186,21 @@ def main() -> None:
         test_idx = torch.from_numpy(order[args.train_size: args.train_size + args.test_size])
         x_train, y_train = pool.inputs(train_idx), pool.y[train_idx]
         x_test, y_test = pool.inputs(test_idx), pool.y[test_idx]
-        for model_name in args.models:
-            for pipe_name, scale in pipelines.items():
-                for protocol in args.protocols:
-                    def record(epoch: int, model: nn.Module) -> None:
-                        if epoch % args.eval_every and epoch != args.epochs:
-                            return
-                        row = {"seed": seed, "model": model_name, "input": pipe_name, "protocol": protocol,
-                               "epoch": epoch}
-                        for s in NOISE:
-                            row[f"noise {s}"], row[f"loss {s}"] = evaluate(model, x_test, y_test, s, scale, seed)
-                        row["weight_norms"] = {n: round(float(p.norm()), 4) for n, p in model.named_parameters()}
-                        rows.append(row)
-                        print(json.dumps(row), flush=True)
+        for model_name, (pipe_name, scale), protocol in product(args.models, pipelines.items(), args.protocols):
+            labels = {"seed": seed, "model": model_name, "input": pipe_name, "protocol": protocol}
 
-                    train(MODELS[model_name], x_train, y_train, scale, protocol=protocol, epochs=args.epochs,
-                          seed=seed, clients=args.clients, steps_per_round=args.steps_per_round,
-                          after_epoch=record)
+            def record(epoch: int, model: nn.Module) -> None:
+                if epoch % args.eval_every and epoch != args.epochs:
+                    return
+                row = {**labels, "epoch": epoch}
+                for s in NOISE:
+                    row[f"noise {s}"], row[f"loss {s}"] = evaluate(model, x_test, y_test, s, scale, seed)
+                row["weight_norms"] = {n: round(float(p.norm()), 4) for n, p in model.named_parameters()}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+
+            train(MODELS[model_name], x_train, y_train, scale, protocol=protocol, epochs=args.epochs,
+                  seed=seed, clients=args.clients, steps_per_round=args.steps_per_round, after_epoch=record)
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1) + "\n")
     print("\n| model | input | protocol | epoch | clean | noise 0.4 | noise 0.8 | loss at 0.8 |  (mean over seeds)")
