@@ -86,6 +86,10 @@ class DataConfig:
             stratified by label, of this many samples (short CPU runs).
         val_fraction [val-fraction], test_fraction [test-fraction]: shares of each client's
             samples held out for validation and test, each in [0, 1), sum < 1.
+        train_fraction [train-fraction]: share of each client's training split kept, in (0, 1]
+            (a uniform subsample, at least one sample; validation and test splits unchanged):
+            pFedFDA's data-scarcity protocol (Table 1's 75 / 50 / 25 % columns, the official
+            code's ``--train_prop``). Default 1 keeps all.
         noise_free_test [noise-free-test]: evaluate on noise-free targets: every client's test
             split gets its samples' targets without the noise the training and validation
             targets carry (FedDAR Fig. 1's noise-free test set, so the test error has no
@@ -115,6 +119,7 @@ class DataConfig:
     max_samples: int = 0
     val_fraction: float = 0.0
     test_fraction: float = 0.2
+    train_fraction: float = 1.0
     noise_free_test: bool = False
     seed: int = 0
 
@@ -179,6 +184,9 @@ class DataConfig:
                 f"a value with val-fraction + test-fraction < 1 (val-fraction is "
                 f"{self.val_fraction}), so that clients keep training samples",
             )
+        _check_number(self, "train_fraction", low=-math.inf)  # a finite number, stored as float
+        if not 0.0 < self.train_fraction <= 1.0:
+            _fail("train_fraction", self.train_fraction, "a number in (0, 1] (1 keeps every training sample)")
         self._check_noise_free_test()
         _check_int(self, "seed")
 

@@ -148,6 +148,7 @@ def client_splits(config: DataConfig, num_partitions: int) -> tuple[SplitIndices
             config.test_fraction,
             stage_rng(config.seed, "split", k),
             test_size_of=config.samples_per_client if k == large else None,
+            train_fraction=config.train_fraction,
         )
         for k, p in enumerate(parts)
     )

@@ -35,6 +35,7 @@ def split_indices(
     test_fraction: float,
     rng: np.random.Generator,
     test_size_of: int | None = None,
+    train_fraction: float = 1.0,
 ) -> SplitIndices:
     """Cut a shuffled copy of ``indices`` into test, validation and train parts.
 
@@ -43,12 +44,19 @@ def split_indices(
     ``test_size_of``: a client larger than the others (FEDORA's imbalanced layout) gets the test
     split a client of this many samples gets, and cuts the rest into validation and train in the
     same ratio as that client, ``val_fraction : 1 - val_fraction - test_fraction``.
+
+    ``train_fraction``: keep only this share of the training part (``round(n_train *
+    train_fraction)``, halves up, at least one sample), a uniform subsample since the part is
+    already shuffled; validation and test are cut first, so they do not change (pFedFDA's
+    data-scarcity protocol subsamples the training split only).
     """
     if not (0 <= val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
         raise ValueError(
             f"fractions must be in [0, 1) with a sum < 1; got val {val_fraction}, "
             f"test {test_fraction}"
         )
+    if not 0 < train_fraction <= 1:
+        raise ValueError(f"train_fraction must be in (0, 1]; got {train_fraction}")
     shuffled = rng.permutation(np.asarray(indices, dtype=np.int64))
     n = len(shuffled)
     if test_size_of is None:
@@ -58,8 +66,11 @@ def split_indices(
         n_test = min(n, _rounded(test_size_of * test_fraction))
         # rounded to 9 decimals first, so that a half (0.1 / 0.8 = 0.12499...) rounds up
         n_val = _rounded(round((n - n_test) * val_fraction / (1 - test_fraction), 9))
+    train = shuffled[n_test + n_val :]
+    if train_fraction < 1 and len(train):
+        train = train[: max(1, _rounded(len(train) * train_fraction))]
     return SplitIndices(
-        train=shuffled[n_test + n_val :],
+        train=train,
         val=shuffled[n_test : n_test + n_val],
         test=shuffled[:n_test],
     )

@@ -79,6 +79,8 @@ LARGE_LAYOUT = {
             ["'domain-clients'", "'9,1'", "partitioner 'iid'", "'one-domain-per-client'"],
         ),
         ({"large_client": -2}, ["'large-client'", "-2", ">= -1"]),
+        *(({"train_fraction": bad}, ["'train-fraction'", repr(float(bad)), "(0, 1]"]) for bad in (0, 1.5, -0.25)),
+        ({"train_fraction": "half"}, ["'train-fraction'", "'half'", "a number"]),
         ({"large_client": 1.0}, ["'large-client'", "1.0", "int"]),
         *(
             ({**LARGE_LAYOUT, **change}, ["'large-client'", "-1 (no large client)", *why])

@@ -55,6 +55,17 @@ def test_describe_matches_the_client_data() -> None:
         assert summary.to_dict()["num_samples"] == len(y)
 
 
+def test_train_fraction_keeps_a_share_of_every_clients_training_split() -> None:
+    """train-fraction = 0.25 (pFedFDA's 25 % column): each client trains on a quarter of its own
+    training split; its validation and test samples are the ones it has at 1."""
+    for k in range(8):
+        full, scarce = load_client_data(config(), k, 8), load_client_data(config(train_fraction=0.25), k, 8)
+        assert len(scarce.train) == int(np.floor(len(full.train) * 0.25 + 0.5))
+        assert torch.equal(scarce.val.x, full.val.x) and torch.equal(scarce.test.x, full.test.x)
+        rows = {bytes(r) for r in full.train.x.numpy()}
+        assert all(bytes(r) in rows for r in scarce.train.x.numpy())
+
+
 @pytest.mark.parametrize("bad", [-1, 4, 1.0, True])
 def test_partition_id_is_checked(bad: object) -> None:
     with pytest.raises(ConfigError, match=r"partition_id must be an integer in \[0, 4\)"):

@@ -36,3 +36,29 @@ def test_seeded() -> None:
 def test_bad_fractions() -> None:
     with pytest.raises(ValueError, match="fractions"):
         split_indices(np.arange(5), 0.6, 0.5, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize(("fraction", "kept"), [(0.25, 18), (0.5, 35), (0.004, 1), (1.0, 70)])
+def test_train_fraction_subsamples_the_training_part_only(fraction: float, kept: int) -> None:
+    """pFedFDA's data scarcity: round(70 * f) training samples (halves up, at least one), drawn
+    from the full training part; validation and test are the same indices as without it."""
+    full = split_indices(np.arange(100), 0.1, 0.2, np.random.default_rng(4))
+    scarce = split_indices(np.arange(100), 0.1, 0.2, np.random.default_rng(4), train_fraction=fraction)
+    assert len(scarce.train) == kept
+    assert set(scarce.train.tolist()) <= set(full.train.tolist())
+    assert (scarce.val == full.val).all() and (scarce.test == full.test).all()
+
+
+def test_train_fraction_is_a_uniform_subsample() -> None:
+    """Over seeds every training index is kept about a quarter of the time, not always the same ones."""
+    counts = np.zeros(100)
+    for seed in range(400):
+        counts[split_indices(np.arange(100), 0.0, 0.2, np.random.default_rng(seed), train_fraction=0.25).train] += 1
+    assert counts.sum() == 400 * 20
+    assert np.abs(counts / 400 - 0.25).max() < 0.12  # binomial(400, 0.25)/400: std 0.022
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.1, 1.5])
+def test_bad_train_fraction(bad: float) -> None:
+    with pytest.raises(ValueError, match=r"train_fraction must be in \(0, 1\]"):
+        split_indices(np.arange(5), 0.0, 0.2, np.random.default_rng(0), train_fraction=bad)
