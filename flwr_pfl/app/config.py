@@ -92,6 +92,10 @@ class RunConfig:
         aggregate: ``mean`` (example-weighted, the papers') or ``trimmed-mean`` (coordinate-wise,
             unweighted, without the ``trim_fraction`` largest and smallest values).
         trim_fraction: share trimmed at each end by ``trimmed-mean``, in [0, 0.5).
+        eval_every: the clients evaluate every this many rounds and after the last one; 0 =
+            after the last one only; 1 = every round (:class:`~flwr_pfl.strategies.base.PFLStrategy`).
+            FEDORA's and pFedFDA's own ``fedora.eval-every`` / ``pfedfda.eval-every`` mean the
+            same; set one of the two (or both to the same value).
         The last four bound what one bad client can do (:class:`~flwr_pfl.strategies.base.PFLStrategy`);
         clipping and trimmed-mean apply to FedAvg, finetune, FedRep and FedPer only.
     """
@@ -127,6 +131,7 @@ class RunConfig:
     max_examples: int = 0
     aggregate: str = "mean"
     trim_fraction: float = 0.1
+    eval_every: int = 1
     api: str = "numpyclient"
 
     def __post_init__(self) -> None:
@@ -140,6 +145,7 @@ class RunConfig:
             ("num-threads", self.num_threads, 0),
             ("checkpoint-interval", self.checkpoint_interval, 1),
             ("server-workers", self.server_workers, 0),
+            ("eval-every", self.eval_every, 0),
         ):
             if value < low:
                 raise ConfigError(f"{key}={value} is out of range; must be >= {low}")
@@ -234,6 +240,20 @@ class Experiment:
     run: RunConfig
     data: DataConfig
     options: Any
+
+    def __post_init__(self) -> None:
+        own = getattr(self.options, "eval_every", 1)
+        if own != 1 and self.run.eval_every != 1 and own != self.run.eval_every:
+            raise ConfigError(
+                f"eval-every={self.run.eval_every} and {self.algorithm.section}eval-every={own} disagree: they set the "
+                "same evaluation schedule; set one of them"
+            )
+
+    @property
+    def eval_every(self) -> int:
+        """The evaluation schedule: ``eval-every``, or the algorithm's own key where that one is set."""
+        own = getattr(self.options, "eval_every", 1)
+        return own if own != 1 else self.run.eval_every
 
     @property
     def algorithm(self):

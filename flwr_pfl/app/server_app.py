@@ -36,6 +36,7 @@ def build_strategy(experiment: Experiment, writer: ResultsWriter | None = None, 
         round_timeout=run.round_timeout_seconds,
         seed=run.seed,
         num_rounds=run.num_server_rounds,
+        eval_every=experiment.eval_every,
         **run.reply_bounds,
         **spec.strategy_kwargs(experiment.options),
     )

@@ -126,6 +126,12 @@ class PFLStrategy(FedAvg):
             the unweighted mean without the ``floor(trim_fraction * K)`` largest and smallest of
             the K replies' values (:func:`~flwr_pfl.core.robust.trimmed_mean`).
         trim_fraction: the share trimmed at each end by ``"trimmed-mean"``, in [0, 0.5).
+        eval_every: the clients evaluate every this many rounds (counted over the whole run,
+            resumes included) and after the last one; 0 = after the last one only; 1 (default)
+            = every round. Anything but 1 needs ``num_rounds``. Long protocols (pFedFDA's
+            200 rounds, FEDORA's 500) evaluate once at the end or every 10 rounds in the
+            papers; a fine-tuning baseline's evaluation trains, so every round costs more
+            than the training itself. Server-side ``evaluate_fn`` is not affected.
 
     ``clip_update_norm`` and ``"trimmed-mean"`` apply to algorithms whose replies are the global
     arrays trained further and whose aggregation is this class's weighted mean (FedAvg, Local,
@@ -185,6 +191,7 @@ class PFLStrategy(FedAvg):
         max_examples: int | None = None,
         aggregate: str = "mean",
         trim_fraction: float = 0.1,
+        eval_every: int = 1,
     ) -> None:
         if num_clients < 1:
             raise ValueError(f"num_clients must be >= 1, got {num_clients}")
@@ -202,6 +209,8 @@ class PFLStrategy(FedAvg):
             raise ConfigError(f"round_timeout must be > 0 seconds or None (no limit), got {round_timeout!r}")
         if isinstance(num_rounds, bool) or not isinstance(num_rounds, int) or num_rounds < 0:
             raise ConfigError(f"num_rounds must be an int >= 0 (0: unknown), got {num_rounds!r}")
+        if isinstance(eval_every, bool) or not isinstance(eval_every, int) or eval_every < 0:
+            raise ConfigError(f"eval_every must be an int >= 0 (0: after the last round only), got {eval_every!r}")
         if initial_parameters is not None:
             if initial_arrays is not None:
                 raise ConfigError("give initial_arrays or initial_parameters, not both (they are the same thing)")
@@ -235,6 +244,9 @@ class PFLStrategy(FedAvg):
         self.wait_timeout = wait_timeout
         self.seed = hooks.resolve_seed(seed)
         self.num_rounds = num_rounds
+        if eval_every != 1:
+            self.require_num_rounds(f"eval_every={eval_every} (an evaluation after the last round)", "eval_every=1")
+        self.eval_every = eval_every
         self.round_timeout = round_timeout
         self._sampled_nodes: dict[str, list[str]] = {}  # stage -> node ids sampled for its latest round
         self.global_arrays: NDArrays | None = initial_arrays
@@ -302,6 +314,16 @@ class PFLStrategy(FedAvg):
                 f"{type(self).__name__}: {what} needs the run's total number of rounds, which Flower's legacy "
                 f"strategies are never told: pass num_rounds=<the ServerConfig's num_rounds>, or {alternative}"
             )
+
+    def is_last_round(self, server_round: int) -> bool:
+        """Whether ``server_round`` (of this process; resumes add ``round_offset``) is the run's last."""
+        return bool(self.num_rounds) and self.round_offset + server_round >= self.num_rounds
+
+    def evaluation_due(self, server_round: int) -> bool:
+        """Whether the clients evaluate in ``server_round`` (``eval_every``): every
+        ``eval_every``-th round of the run, and the last."""
+        current = self.round_offset + server_round
+        return (self.eval_every > 0 and current % self.eval_every == 0) or self.is_last_round(server_round)
 
     def refuses_failures(self, count: int) -> bool:
         """Whether a round with ``count`` failed or rejected replies is left unaggregated."""
@@ -429,9 +451,8 @@ class PFLStrategy(FedAvg):
         ``server-round``, ``last_round_config`` in the run's last round, and the algorithm's
         ``protocol`` keys."""
         user = self._round_config("on_evaluate_config_fn", server_round)
-        current = self.round_offset + server_round
-        last = bool(self.num_rounds) and current >= self.num_rounds
-        own = {"server-round": current, **(self.last_round_config if last else {}), **(protocol or {})}
+        last = self.is_last_round(server_round)
+        own = {"server-round": self.round_offset + server_round, **(self.last_round_config if last else {}), **(protocol or {})}
         return hooks.merge_config(type(self).__name__, "on_evaluate_config_fn", user, own)
 
     def fit_instructions(
@@ -452,7 +473,7 @@ class PFLStrategy(FedAvg):
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
-        if self.fraction_evaluate == 0.0:
+        if self.fraction_evaluate == 0.0 or not self.evaluation_due(server_round):
             return []
         clients = self._sample(client_manager, server_round, self.fraction_evaluate, self.min_evaluate_clients, "evaluate")
         config = self.evaluate_config(server_round)

@@ -126,7 +126,7 @@ class FEDORA(PFLStrategy):
             validation accuracy; LOCAL is selected by the same rule on its own curve).
         eval_aux: also send ``theta_hat_k`` at evaluation (diagnostic ``aux_accuracy``).
         eval_every: evaluate every this many rounds and after the last one (the official code:
-            10); 1 = every round. Anything but 1 needs ``num_rounds``.
+            10); 1 = every round (:class:`PFLStrategy`'s, here >= 1).
         **kwargs: :class:`PFLStrategy`'s arguments (``num_clients`` = K, ``num_rounds``, Flower's
             FedAvg arguments). ``evaluate_fn`` is refused (there is no global model), and so is
             ``min_available_clients`` below K (the graph is built once, from every client).
@@ -151,20 +151,17 @@ class FEDORA(PFLStrategy):
         eval_every: int = 1,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        if eval_every < 1:
+            raise ValueError(f"eval_every={eval_every} must be >= 1")
+        super().__init__(eval_every=eval_every, **kwargs)
         if self.min_available_clients < self.num_clients:
             raise ConfigError(
                 f"min_available_clients={self.min_available_clients} < num_clients={self.num_clients} is not allowed "
                 "for FEDORA: its similarity graph is built once, at the first round, from every client's subspace; "
                 "a client that connects later would stay isolated for the whole run"
             )
-        if eval_every != 1:
-            self.require_num_rounds(f"eval_every={eval_every} (an evaluation after the last round)", "eval_every=1")
         if report_round not in REPORT_ROUNDS:
             raise ValueError(f"report_round={report_round!r}; allowed: {list(REPORT_ROUNDS)}")
-        if eval_every < 1:
-            raise ValueError(f"eval_every={eval_every} must be >= 1")
-        self.eval_every = eval_every
         self.config = config or core.FedoraConfig()
         self.local_baseline = local_baseline
         self.report_round = report_round
@@ -303,10 +300,7 @@ class FEDORA(PFLStrategy):
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
         """Clients evaluate their own ``theta_k``: nothing is sent (``theta_hat_k`` with eval_aux)."""
-        if self.fraction_evaluate == 0.0:
-            return []
-        current = self.round_offset + server_round
-        if current % self.eval_every and not (self.num_rounds and current >= self.num_rounds):
+        if self.fraction_evaluate == 0.0 or not self.evaluation_due(server_round):
             return []
         clients = self._sample(client_manager, server_round, self.fraction_evaluate, self.min_evaluate_clients, "evaluate")
         config = self.evaluate_config(server_round)

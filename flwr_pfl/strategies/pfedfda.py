@@ -76,9 +76,9 @@ class PFedFDA(PFLStrategy):
         full_last_round: every training client takes part in the last round (paper App. C.2);
             needs ``num_rounds`` (refused without it: Flower does not tell a strategy which
             round is the last, and skipping the full round silently changes the algorithm).
-        eval_every: evaluate every this many rounds and after the last (0: only the last).
-            The last evaluation covers every client, including those never sampled. Anything
-            but 1 needs ``num_rounds``.
+        eval_every: evaluate every this many rounds and after the last (0: only the last;
+            :class:`PFLStrategy`'s). The last evaluation covers every client, including those
+            never sampled.
         mean_init: ``uniform`` (official code) or ``gaussian`` (paper) initial means.
         train_clients: only partitions below this train (0: all); the rest are new clients,
             evaluated without ever training (Table 4 protocol).
@@ -102,11 +102,11 @@ class PFedFDA(PFLStrategy):
         packed_cov: bool = False,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(eval_every=eval_every, **kwargs)
         if sampling not in SAMPLING_MODES:
             raise ValueError(f"sampling must be one of {SAMPLING_MODES}, got {sampling!r}")
-        if eval_every < 0 or train_clients < 0:
-            raise ValueError("eval_every and train_clients must be >= 0")
+        if train_clients < 0:
+            raise ValueError("train_clients must be >= 0")
         if mean_init not in ("uniform", "gaussian"):
             raise ValueError(f"mean_init must be 'uniform' or 'gaussian', got {mean_init!r}")
         if sampling == "bernoulli" and self.min_fit_clients != 1:
@@ -118,11 +118,8 @@ class PFedFDA(PFLStrategy):
         if full_last_round:
             self.require_num_rounds("full_last_round=True (every client trains in the last round, App. C.2)",
                                     "full_last_round=False")
-        if eval_every != 1:
-            self.require_num_rounds(f"eval_every={eval_every} (an evaluation after the last round)", "eval_every=1")
         self.sampling = sampling
         self.full_last_round = full_last_round
-        self.eval_every = eval_every
         self.mean_init = mean_init
         self.train_clients = train_clients
         self.packed_cov = packed_cov
@@ -130,9 +127,6 @@ class PFedFDA(PFLStrategy):
         self._collapse_reported = False
 
     # ---------------------------------------------------------------- helpers
-    def is_last_round(self, server_round: int) -> bool:
-        return bool(self.num_rounds) and self.round_offset + server_round >= self.num_rounds
-
     def split(self, arrays: NDArrays) -> tuple[NDArrays, np.ndarray, np.ndarray]:
         """(backbone, mu (C, d), Sigma (d, d)) of a message."""
         return split_wire(arrays, packed_cov=self.packed_cov)
@@ -172,8 +166,7 @@ class PFedFDA(PFLStrategy):
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
         last = self.is_last_round(server_round)
-        due = self.eval_every > 0 and (self.round_offset + server_round) % self.eval_every == 0
-        if self.fraction_evaluate == 0.0 or not (due or last):
+        if self.fraction_evaluate == 0.0 or not self.evaluation_due(server_round):
             return []
         if self.global_arrays is not None:
             parameters = ndarrays_to_parameters(self.global_arrays)

@@ -79,6 +79,10 @@ def test_algorithm_options_are_namespaced():
         ({"partitioner": "zipf"}, ["zipf", "dirichlet"]),
         ({"noise-free-test": True}, ["'noise-free-test'", "dataset 'mnist'", "'feddar-synthetic'"]),
         ({"dataset": "feddar-synthetic", "noise-free-test": "true"}, ["noise-free-test='true'", "boolean"]),
+        ({"eval-every": -1}, ["eval-every=-1", ">= 0"]),
+        ({"algorithm": "pfedfda", "eval-every": 5, "pfedfda.eval-every": 10},
+         ["eval-every=5", "pfedfda.eval-every=10", "set one of them"]),
+        ({"train-fraction": 0.0}, ["'train-fraction'", "(0, 1]"]),
     ],
 )
 def test_bad_values_name_the_key_and_what_is_allowed(raw, fragments):
@@ -86,6 +90,26 @@ def test_bad_values_name_the_key_and_what_is_allowed(raw, fragments):
         parse_experiment(raw)
     for fragment in fragments:
         assert fragment in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ({"algorithm": "finetune", "eval-every": 5}, 5),
+        ({"algorithm": "fedora", "fedora.eval-every": 10}, 10),
+        ({"algorithm": "fedora", "eval-every": 10}, 10),
+        ({"algorithm": "pfedfda", "eval-every": 0}, 0),
+        ({"algorithm": "pfedfda", "eval-every": 4, "pfedfda.eval-every": 4}, 4),
+        ({"algorithm": "fedrep", "pfedfda.eval-every": 7}, 1),  # another algorithm's key
+    ],
+)
+def test_eval_every_reaches_the_strategy(raw, expected):
+    """``eval-every`` sets every algorithm's schedule; FEDORA's and pFedFDA's own keys set theirs."""
+    from flwr_pfl.app.server_app import build_strategy
+
+    experiment = parse_experiment({"num-clients": 4, "num-server-rounds": 20, **raw})
+    assert experiment.eval_every == expected
+    assert build_strategy(experiment).eval_every == expected
 
 
 def test_output_path_is_absolute_and_named(tmp_path):

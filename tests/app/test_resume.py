@@ -50,6 +50,7 @@ DOMAINS = {"partitioner": "domain-mixture", "domain-alpha": 0.5, "samples-per-cl
 #: per-algorithm settings that make the algorithm's server state matter within 5 rounds
 EXTRA: dict[str, dict] = {
     "fedavg": {},
+    "finetune": {"eval-every": 2, "finetune.epochs": 1},  # the run-wide schedule, counted across the resume
     "fedrep": {"fedrep.head-epochs": 1},
     "feddar-sa": DOMAINS | {"feddar.head-epochs": 1},
     "pfedfda": {"pfedfda.eval-every": 2},
@@ -124,6 +125,7 @@ def assert_same(a: dict, b: dict) -> None:
 CASES = [
     ("fedavg", 1.0, False, 2, "end", 1),
     ("fedavg", 0.5, False, 3, "fit", 2),
+    ("finetune", 0.5, False, 3, "end", 1),
     ("fedrep", 0.5, True, 3, "end", 1),
     ("feddar-sa", 1.0, False, 2, "end", 1),
     ("feddar-sa", 0.5, False, 3, "head", 2),
@@ -163,6 +165,18 @@ def check_killed_and_resumed(tmp_path, dataset, monkeypatch, algorithm, fraction
 def test_killed_and_resumed_equals_uninterrupted(tmp_path, dataset, monkeypatch, algorithm, fraction, keep_nodes,
                                                  kill_round, where, interval):
     check_killed_and_resumed(tmp_path, dataset, monkeypatch, algorithm, fraction, keep_nodes, kill_round, where, interval)
+
+
+def test_eval_every_evaluates_on_its_rounds_and_after_the_last_through_the_app(tmp_path, dataset):
+    """``eval-every = 2`` over 5 rounds: every client evaluates in rounds 2, 4 and 5 and in no
+    other; fit rows every round; the summary counts three evaluated rounds."""
+    cfg = config(tmp_path, dataset, "finetune", "sparse")
+    serve(new_grid(cfg), cfg)
+    rows = json.loads((tmp_path / "sparse" / "metrics.json").read_text())
+    assert [r["round"] for r in rows if r["phase"] == "evaluate"] == [2, 4, 5]
+    assert all(r["num_clients"] == NUM_CLIENTS for r in rows if r["phase"] == "evaluate")
+    assert [r["round"] for r in rows if r["phase"] == "fit"] == [1, 2, 3, 4, 5]
+    assert "rounds evaluated: 3" in (tmp_path / "sparse" / "summary.txt").read_text()
 
 
 def test_fedgp_target_placement_resumes_between_the_two_server_rounds(tmp_path, dataset, monkeypatch):

@@ -14,6 +14,7 @@ defaults that would silently change an algorithm (pFedFDA without ``num_rounds``
 from __future__ import annotations
 
 import copy
+import re
 import inspect
 import logging
 from dataclasses import replace
@@ -741,3 +742,30 @@ def test_an_unseeded_strategy_draws_a_seed_and_says_which():
         assert picked[0] == picked[1]
     with pytest.raises(TypeError, match="seed must be an int"):
         FedAvg(num_clients=3, seed=True)
+
+
+# ------------------------------------------------------------------------------------ eval_every
+@pytest.mark.parametrize("cls", [FedAvg, Finetune, FedRep, Local])
+def test_eval_every_evaluates_on_its_rounds_and_after_the_last(cls: type) -> None:
+    """eval_every = 3 over 7 rounds: evaluations in rounds 3, 6 and 7 only, each to every client;
+    after a resume at round 4 the schedule counts the run's rounds, not the process's."""
+    params = ndarrays_to_parameters([np.zeros(2, np.float32)])
+    s = cls(num_clients=4, num_rounds=7, eval_every=3)
+    due = [r for r in range(1, 8) if s.configure_evaluate(r, params, manager(4))]
+    assert due == [3, 6, 7]
+    assert len(s.configure_evaluate(3, params, manager(4))) == 4
+    resumed = cls(num_clients=4, num_rounds=7, eval_every=3)
+    resumed.round_offset = 4
+    assert [r for r in range(1, 4) if resumed.configure_evaluate(r, params, manager(4))] == [2, 3]  # run rounds 6, 7
+    only_last = cls(num_clients=4, num_rounds=7, eval_every=0)
+    assert [r for r in range(1, 8) if only_last.configure_evaluate(r, params, manager(4))] == [7]
+    every = cls(num_clients=4, eval_every=1)  # the default needs no num_rounds
+    assert all(every.configure_evaluate(r, params, manager(4)) for r in range(1, 8))
+
+
+@pytest.mark.parametrize("bad", [-1, 2.0, True, "3"])
+def test_eval_every_is_checked(bad: object) -> None:
+    with pytest.raises(ConfigError, match=r"eval_every must be an int >= 0 .*got " + re.escape(repr(bad))):
+        FedAvg(num_clients=2, num_rounds=5, eval_every=bad)
+    with pytest.raises(ConfigError, match="eval_every=4 .* needs the run's total number of rounds"):
+        FedAvg(num_clients=2, eval_every=4)

@@ -180,7 +180,6 @@ def strategy_kwargs(options: FedoraOptions) -> dict[str, object]:
         "local_baseline": options.local_baseline,
         "report_round": options.report_round,
         "eval_aux": options.eval_aux,
-        "eval_every": options.eval_every,
     }
 
 

@@ -165,7 +165,6 @@ def strategy_kwargs(options: PFedFDAOptions) -> dict[str, object]:
     return {
         "sampling": options.sampling,
         "full_last_round": options.full_last_round,
-        "eval_every": options.eval_every,
         "mean_init": options.mean_init,
         "train_clients": options.train_clients,
         "packed_cov": options.packed_cov,
