@@ -249,8 +249,12 @@ preset; its R-Acc and PTR are against its in-run LOCAL shadow model (same splits
         _m("FedAvg + FT", "finetune", {_ROT_MNIST: 0.7411, _ROT_FMNIST: 0.6848}),
         _m("FedPer", "fedper", {_ROT_MNIST: 0.7741, _ROT_FMNIST: 0.6725}),
         # ablation: the paper does not state its fine-tuning budget; one epoch (the default) is 2
-        # steps on a client's 128 images, 5 is the table's local epochs E
-        _m("FedAvg + FT, 5 fine-tune epochs", "finetune", finetune__epochs=5),
+        # steps on a client's 128 images, 5 is the table's local epochs E. At the paper's 500
+        # rounds it evaluates (fine-tunes) every 10 rounds and after the last, as FEDORA does:
+        # training is the same either way (an evaluation fine-tunes a copy), the last round is
+        # what the table reports, and the fine-tuning is most of the run's cost.
+        Method("FedAvg + FT, 5 fine-tune epochs", "finetune", {"finetune.epochs": 5},
+               per_scale={"paper": {"eval-every": 10}}),
     ),
     metric=("accuracy_mean",),
     metric_label="mean client test accuracy",

@@ -169,14 +169,22 @@ def test_killed_and_resumed_equals_uninterrupted(tmp_path, dataset, monkeypatch,
 
 def test_eval_every_evaluates_on_its_rounds_and_after_the_last_through_the_app(tmp_path, dataset):
     """``eval-every = 2`` over 5 rounds: every client evaluates in rounds 2, 4 and 5 and in no
-    other; fit rows every round; the summary counts three evaluated rounds."""
-    cfg = config(tmp_path, dataset, "finetune", "sparse")
+    other; fit rows every round; the summary counts three evaluated rounds. Training is what it
+    is with an evaluation every round (an evaluation fine-tunes a copy), and so are the shared
+    rounds' evaluations."""
+    cfg = config(tmp_path, dataset, "finetune", "sparse", **{"fraction-fit": 0.5})
     serve(new_grid(cfg), cfg)
     rows = json.loads((tmp_path / "sparse" / "metrics.json").read_text())
     assert [r["round"] for r in rows if r["phase"] == "evaluate"] == [2, 4, 5]
     assert all(r["num_clients"] == NUM_CLIENTS for r in rows if r["phase"] == "evaluate")
     assert [r["round"] for r in rows if r["phase"] == "fit"] == [1, 2, 3, 4, 5]
     assert "rounds evaluated: 3" in (tmp_path / "sparse" / "summary.txt").read_text()
+    every = config(tmp_path, dataset, "finetune", "every", **{"fraction-fit": 0.5, "eval-every": 1})
+    serve(new_grid(every), every)
+    dense = json.loads((tmp_path / "every" / "metrics.json").read_text())
+    assert [r for r in dense if r["phase"] == "fit"] == [r for r in rows if r["phase"] == "fit"]
+    assert [r for r in dense if r["phase"] == "evaluate" and r["round"] in (2, 4, 5)] == [
+        r for r in rows if r["phase"] == "evaluate"]
 
 
 def test_fedgp_target_placement_resumes_between_the_two_server_rounds(tmp_path, dataset, monkeypatch):
