@@ -156,7 +156,7 @@ def markdown(table, scale_name: str, summary: dict[str, Any], command: str, seco
     lines = [f"# {table.title} — `{scale_name}` scale", "", table.description.strip(), "",
              f"**Protocol at this scale:** {scale.note}", "",
              f"**Metric:** {metric}; a run's figure is the mean of its last {table.last} evaluation round(s); "
-             f"then mean ± sample std over seeds. **Paper:** {table.source}.", "",
+             f"then mean ± sample std over seeds. **Paper:** {table.source.rstrip('.')}.", "",
              f"**Win rule:** against `{table.reference}`, seed by seed (paired: same data and initial model); "
              "a method is better or worse only when every seed agrees in sign and the mean difference exceeds the "
              "std of the differences" + (" (differences of log10 values)" if table.log else "") + "; otherwise a tie.", ""]

@@ -184,10 +184,11 @@ _PFEDFDA_SCARCE = "covariate shift, 25% training data"
 
 PFEDFDA = Table(
     name="pfedfda",
-    title="pFedFDA, Tables 1-2: covariate shift and label skew",
-    source="Table 1 (CIFAR10-S, 100% data) and Table 2 (CIFAR-10 Dir(0.5)); here stand-ins: MNIST with 5 image "
-           "corruption domains and Dir(0.5) labels (`pfedfda_mnist_shift.toml`), Fashion-MNIST Dir(0.5) "
-           "(`pfedfda_fmnist_label_skew.toml`). The paper's figures are CIFAR-10's.",
+    title="pFedFDA, Tables 1-2: covariate shift (all and 25 % of the training data) and label skew",
+    source="Table 1 (CIFAR10-S, 100% and 25% of the training data) and Table 2 (CIFAR-10 Dir(0.5)); here stand-ins: "
+           "MNIST with 5 image corruption domains and Dir(0.5) labels (`pfedfda_mnist_shift.toml`; the 25 % column "
+           "adds `train-fraction = 0.25`), Fashion-MNIST Dir(0.5) (`pfedfda_fmnist_label_skew.toml`). The paper's "
+           "figures are CIFAR-10's.",
     description="""
 Personalized accuracy on each client's own test split (test-size-weighted mean, the paper's metric);
 FedAvg evaluates its global model, FedAvg + FT fine-tunes it for 5 epochs.
