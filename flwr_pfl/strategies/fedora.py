@@ -126,7 +126,7 @@ class FEDORA(PFLStrategy):
             validation accuracy; LOCAL is selected by the same rule on its own curve).
         eval_aux: also send ``theta_hat_k`` at evaluation (diagnostic ``aux_accuracy``).
         eval_every: evaluate every this many rounds and after the last one (the official code:
-            10); 1 = every round (:class:`PFLStrategy`'s, here >= 1).
+            10); 1 = every round; 0 = after the last one only (:class:`PFLStrategy`'s).
         **kwargs: :class:`PFLStrategy`'s arguments (``num_clients`` = K, ``num_rounds``, Flower's
             FedAvg arguments). ``evaluate_fn`` is refused (there is no global model), and so is
             ``min_available_clients`` below K (the graph is built once, from every client).
@@ -151,8 +151,6 @@ class FEDORA(PFLStrategy):
         eval_every: int = 1,
         **kwargs: Any,
     ) -> None:
-        if eval_every < 1:
-            raise ValueError(f"eval_every={eval_every} must be >= 1")
         super().__init__(eval_every=eval_every, **kwargs)
         if self.min_available_clients < self.num_clients:
             raise ConfigError(

@@ -98,6 +98,7 @@ def test_bad_values_name_the_key_and_what_is_allowed(raw, fragments):
         ({"algorithm": "finetune", "eval-every": 5}, 5),
         ({"algorithm": "fedora", "fedora.eval-every": 10}, 10),
         ({"algorithm": "fedora", "eval-every": 10}, 10),
+        ({"algorithm": "fedora", "eval-every": 0}, 0),
         ({"algorithm": "pfedfda", "eval-every": 0}, 0),
         ({"algorithm": "pfedfda", "eval-every": 4, "pfedfda.eval-every": 4}, 4),
         ({"algorithm": "fedrep", "pfedfda.eval-every": 7}, 1),  # another algorithm's key

@@ -745,7 +745,7 @@ def test_an_unseeded_strategy_draws_a_seed_and_says_which():
 
 
 # ------------------------------------------------------------------------------------ eval_every
-@pytest.mark.parametrize("cls", [FedAvg, Finetune, FedRep, Local])
+@pytest.mark.parametrize("cls", [FedAvg, Finetune, FedRep, Local, FEDORA])
 def test_eval_every_evaluates_on_its_rounds_and_after_the_last(cls: type) -> None:
     """eval_every = 3 over 7 rounds: evaluations in rounds 3, 6 and 7 only, each to every client;
     after a resume at round 4 the schedule counts the run's rounds, not the process's."""
