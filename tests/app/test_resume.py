@@ -187,6 +187,22 @@ def test_eval_every_evaluates_on_its_rounds_and_after_the_last_through_the_app(t
         r for r in rows if r["phase"] == "evaluate"]
 
 
+def test_finetune_trains_exactly_as_fedavg(tmp_path, dataset):
+    """FedAvg + FT is FedAvg's training with a fine-tuned copy at evaluation: over partial
+    participation its fit rows equal FedAvg's, and its global model scores what FedAvg's does
+    (``global_accuracy`` against FedAvg's ``accuracy``), round by round."""
+    runs = {}
+    for algorithm in ("fedavg", "finetune"):
+        cfg = config(tmp_path, dataset, algorithm, algorithm, **{"fraction-fit": 0.5, "eval-every": 1})
+        serve(new_grid(cfg), cfg)
+        runs[algorithm] = json.loads((tmp_path / algorithm / "metrics.json").read_text())
+    fit = {a: [r for r in rows if r["phase"] == "fit"] for a, rows in runs.items()}
+    assert fit["finetune"] == fit["fedavg"]
+    evaluated = {a: [r for r in rows if r["phase"] == "evaluate"] for a, rows in runs.items()}
+    assert [r["global_accuracy_wmean"] for r in evaluated["finetune"]] == [r["accuracy_wmean"] for r in evaluated["fedavg"]]
+    assert [r["global_accuracy_wmean"] for r in evaluated["finetune"]] != [r["accuracy_wmean"] for r in evaluated["finetune"]]
+
+
 def test_fedgp_target_placement_resumes_between_the_two_server_rounds(tmp_path, dataset, monkeypatch):
     """Under the target placement an FDA round spans two server rounds; a kill after the first
     (the sources' replies are kept on the server, nothing is evaluated) loses nothing."""
