@@ -470,12 +470,17 @@ class PFLStrategy(FedAvg):
         clients = self._sample(client_manager, server_round, self.fraction_fit, self.min_fit_clients)
         return self.fit_instructions(server_round, parameters, clients)
 
+    def evaluation_clients(self, server_round: int, client_manager: ClientManager) -> list[ClientProxy]:
+        """Who evaluates after ``server_round``: nobody when evaluation is off (``fraction_evaluate
+        = 0``) or not due (:meth:`evaluation_due`), else a ``fraction_evaluate`` sample."""
+        if self.fraction_evaluate == 0.0 or not self.evaluation_due(server_round):
+            return []
+        return self._sample(client_manager, server_round, self.fraction_evaluate, self.min_evaluate_clients, "evaluate")
+
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
-        if self.fraction_evaluate == 0.0 or not self.evaluation_due(server_round):
-            return []
-        clients = self._sample(client_manager, server_round, self.fraction_evaluate, self.min_evaluate_clients, "evaluate")
+        clients = self.evaluation_clients(server_round, client_manager)
         config = self.evaluate_config(server_round)
         return [(proxy, EvaluateIns(parameters, dict(config))) for proxy in clients]
 

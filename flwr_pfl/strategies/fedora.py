@@ -298,9 +298,7 @@ class FEDORA(PFLStrategy):
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
         """Clients evaluate their own ``theta_k``: nothing is sent (``theta_hat_k`` with eval_aux)."""
-        if self.fraction_evaluate == 0.0 or not self.evaluation_due(server_round):
-            return []
-        clients = self._sample(client_manager, server_round, self.fraction_evaluate, self.min_evaluate_clients, "evaluate")
+        clients = self.evaluation_clients(server_round, client_manager)
         config = self.evaluate_config(server_round)
         empty = Parameters(tensors=[], tensor_type="numpy.ndarray")
         out = []

@@ -162,20 +162,20 @@ class PFedFDA(PFLStrategy):
         log(INFO, "round %d: %d of %d clients sampled%s", server_round, len(selected), len(clients), " (last round: all)" if last else "")
         return self.fit_instructions(server_round, parameters, selected)
 
+    def evaluation_clients(self, server_round: int, client_manager: ClientManager) -> list[ClientProxy]:
+        """The base schedule and sample, except that the last round (always due) evaluates every
+        client, as the paper does."""
+        if self.fraction_evaluate > 0.0 and self.is_last_round(server_round):
+            return self.all_clients(server_round, client_manager)
+        return super().evaluation_clients(server_round, client_manager)
+
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
-        last = self.is_last_round(server_round)
-        if self.fraction_evaluate == 0.0 or not self.evaluation_due(server_round):
-            return []
+        """Every evaluating client gets the strategy's current global arrays (body and statistics)."""
         if self.global_arrays is not None:
             parameters = ndarrays_to_parameters(self.global_arrays)
-        if last:
-            clients = self.all_clients(server_round, client_manager)  # the paper evaluates everyone
-        else:
-            clients = self._sample(client_manager, server_round, self.fraction_evaluate, self.min_evaluate_clients, "evaluate")
-        config = self.evaluate_config(server_round)
-        return [(proxy, EvaluateIns(parameters, dict(config))) for proxy in clients]
+        return super().configure_evaluate(server_round, parameters, client_manager)
 
     # ---------------------------------------------------------------- replies
     def check_reply(self, server_round: int, proxy: ClientProxy, res: FitRes) -> ClientReply:

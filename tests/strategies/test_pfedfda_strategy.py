@@ -90,6 +90,18 @@ def test_eval_every_zero_evaluates_only_after_the_last_round():
     assert len(s.configure_evaluate(3, params, cm)) == 10
 
 
+def test_the_last_round_evaluates_every_client_and_the_others_a_sample():
+    s = strategy(num_rounds=4, fraction_evaluate=0.3)
+    cm = manager(10)
+    params = ndarrays_to_parameters(wire())
+    s.configure_fit(1, params, cm)
+    assert [len(s.configure_evaluate(r, params, cm)) for r in (1, 2, 3)] == [3, 3, 3]
+    assert sorted(s.partition_of[p.cid] for p, _ in s.configure_evaluate(4, params, cm)) == list(range(10))
+    off = strategy(num_rounds=4, fraction_evaluate=0.0)
+    off.configure_fit(1, params, cm)
+    assert off.configure_evaluate(4, params, cm) == []  # evaluation switched off stays off
+
+
 # ------------------------------------------------------------------------------------------
 # Server: replies and aggregation
 # ------------------------------------------------------------------------------------------
