@@ -76,14 +76,29 @@ def report(result: dict[str, Any]) -> None:
     print(RESULT_PREFIX + json.dumps(result), flush=True)
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux, else what :mod:`platform` knows)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def machine() -> dict[str, Any]:
-    """Where and when: platform, CPU count, Python and torch versions, UTC time."""
+    """Where and when: platform, CPU (model, count and the vector instruction set torch's kernels
+    use: runs are bit-identical only where these agree), Python and torch versions, UTC time."""
     import torch
 
     return {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "platform": platform.platform(),
         "machine": platform.machine(),
+        "cpu_model": cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "torch": torch.__version__,

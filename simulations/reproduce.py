@@ -11,7 +11,7 @@ version). Every run goes through the app exactly as ``python -m flwr_pfl.app.com
 :func:`flwr_pfl.app.compare.run_one` runs the real ServerApp / ClientApp on the in-process grid).
 
 Resumable: each finished run leaves one JSON file (its configuration, its metric rows, its run
-time), written atomically, under ``<results>/<table>/<scale>/<column>/<method>-s<seed>.json``;
+time, the machine it ran on), written atomically, under ``<results>/<table>/<scale>/<column>/<method>-s<seed>.json``;
 a run whose file exists with the same configuration is not run again, so a killed table resumes
 where it stopped. The app's own run directories go to ``.../<method>/runs/`` (not committed).
 Writes ``docs/reproduce/<table>-<scale>.md`` (mean +- std over seeds, the paper's figure beside
@@ -37,6 +37,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import reproduce_report as report  # noqa: E402
+from bench_common import machine  # noqa: E402
 import reproduce_tuning as tuning  # noqa: E402
 from reproduce_tables import TABLES, Table  # noqa: E402
 
@@ -232,7 +233,7 @@ def execute(run: Run, run_fn: RunFn) -> dict[str, Any]:
     start = time.perf_counter()
     rows = run_fn(run.config)
     payload = {"config": _comparable(run.config), "column": run.column, "method": run.method, "seed": run.seed,
-               "seconds": time.perf_counter() - start, "rows": rows}
+               "seconds": time.perf_counter() - start, "machine": machine(), "rows": rows}
     write_atomic(run.result, payload)
     return payload
 
@@ -309,9 +310,13 @@ def write_table(table: Table, scale: str, results: dict[Run, dict[str, Any]], co
     figures, extras = collect(table, results)
     summary = report.summarize(table, figures, extras)
     seconds = sum(p["seconds"] for p in results.values()) if results else None
+    machines: dict[str, int] = {}
+    for payload in results.values():
+        label = report.machine_label(payload.get("machine"))
+        machines[label] = machines.get(label, 0) + 1
     docs.mkdir(parents=True, exist_ok=True)
     page = docs / f"{table.name}-{scale}.md"
-    page.write_text(report.markdown(table, scale, summary, command, seconds))
+    page.write_text(report.markdown(table, scale, summary, command, seconds, machines))
     (docs / f"{table.name}-{scale}.json").write_text(json.dumps(summary, indent=1, default=float))
     report.plot(table, summary, docs / f"{table.name}-{scale}.png")
     return page

@@ -149,8 +149,19 @@ def not_run(table, summary: dict[str, Any]) -> list[str]:
     return pending
 
 
-def markdown(table, scale_name: str, summary: dict[str, Any], command: str, seconds: float | None) -> str:
-    """The table's page: protocol, one table per column, the win rule, the command."""
+def machine_label(record: dict[str, Any] | None) -> str:
+    """One machine as a page names it: CPU model, torch's CPU kernel level, GPU (if any)."""
+    if not record:
+        return "not recorded (runs from before the driver kept it)"
+    label = f"{record.get('cpu_model', 'unknown CPU')}, torch CPU kernels {record.get('cpu_capability', '?')}"
+    return label + (f", GPU {record['gpu']}" if record.get("gpu") else "")
+
+
+def markdown(table, scale_name: str, summary: dict[str, Any], command: str, seconds: float | None,
+             machines: dict[str, int] | None = None) -> str:
+    """The table's page: protocol, one table per column, the win rule, the command, and where the
+    runs ran (``machines``: :func:`machine_label` -> number of runs; reruns are bit-identical only
+    on one machine)."""
     scale = table.scales[scale_name]
     metric = table.metric_label
     lines = [f"# {table.title} — `{scale_name}` scale", "", table.description.strip(), "",
@@ -188,7 +199,9 @@ def markdown(table, scale_name: str, summary: dict[str, Any], command: str, seco
                   + "; ".join(pending) + ".", ""]
     lines += [f"![{table.name}]({table.name}-{scale_name}.png)", "", "Command:", "", "```", command, "```", ""]
     if seconds is not None:
-        lines += [f"Compute: {seconds / 60:.1f} min of run time summed over all runs (CPU, in-process engine).", ""]
+        lines += [f"Compute: {seconds / 60:.1f} min of run time summed over all runs (in-process engine).", ""]
+    if machines:
+        lines += ["Machines: " + "; ".join(f"{label} ({n} run{'s' if n != 1 else ''})" for label, n in sorted(machines.items())) + ".", ""]
     return "\n".join(lines)
 
 

@@ -249,6 +249,26 @@ def test_a_page_written_from_part_of_a_table_names_what_has_not_run(tmp_path):
     assert "Not run yet" not in R.write_table(table, "quick", full, "cmd", docs=tmp_path).read_text()
 
 
+def test_each_run_records_its_machine_and_the_page_names_the_machines(tmp_path):
+    import torch
+
+    runs = _runs(tmp_path, 3)
+    results = R.run_all(runs, FakeRunner(), log=lambda _: None)
+    record = results[runs[0]]["machine"]
+    assert record["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and record["cpu_model"]
+    assert record["torch"] == torch.__version__
+    # a run file from before the driver kept the machine still counts, under its own label
+    older = dict(results[runs[1]])
+    del older["machine"]
+    mixed = {R.Run("col", "new", s, {}, tmp_path / "x"): {"rows": _rows(0.8), "seconds": 1.0, "machine": record}
+             for s in (0, 1)}
+    mixed[R.Run("col", "base", 0, {}, tmp_path / "x")] = older | {"rows": _rows(0.7)}
+    page = R.write_table(_toy_table(), "quick", mixed, "cmd", docs=tmp_path).read_text()
+    line = next(x for x in page.splitlines() if x.startswith("Machines: "))
+    assert f"{record['cpu_model']}, torch CPU kernels {record['cpu_capability']} (2 runs)" in line
+    assert "not recorded (runs from before the driver kept it) (1 run)" in line
+
+
 # ------------------------------------------------------------------------------------------
 # protocols
 # ------------------------------------------------------------------------------------------
