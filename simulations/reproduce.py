@@ -29,6 +29,7 @@ import os
 import re
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -310,10 +311,7 @@ def write_table(table: Table, scale: str, results: dict[Run, dict[str, Any]], co
     figures, extras = collect(table, results)
     summary = report.summarize(table, figures, extras)
     seconds = sum(p["seconds"] for p in results.values()) if results else None
-    machines: dict[str, int] = {}
-    for payload in results.values():
-        label = report.machine_label(payload.get("machine"))
-        machines[label] = machines.get(label, 0) + 1
+    machines = Counter(report.machine_label(payload.get("machine")) for payload in results.values())
     docs.mkdir(parents=True, exist_ok=True)
     page = docs / f"{table.name}-{scale}.md"
     page.write_text(report.markdown(table, scale, summary, command, seconds, machines))
