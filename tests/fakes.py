@@ -288,3 +288,36 @@ def kill_at(monkeypatch, server_round: int, where: str) -> None:
 
     monkeypatch.setattr(ResultsWriter, "end_round", end)
     monkeypatch.setattr(ResultsWriter, "on_round", row)
+
+
+# ------------------------------------------------------------------------------ models with modes
+class BatchNormDropoutNet(nn.Module):
+    """A user's MLP with train/eval behaviour: fc1 (6 -> 8), BatchNorm1d (running statistics and
+    the integer ``num_batches_tracked``), ReLU, Dropout(0.5), then the head ``fc2`` (8 -> 3)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(6, 8)
+        self.bn = nn.BatchNorm1d(8)
+        self.drop = nn.Dropout(0.5)
+        self.fc2 = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.drop(torch.relu(self.bn(self.fc1(x)))))
+
+
+class MiddleHeadNet(nn.Module):
+    """The same network as :class:`BatchNormDropoutNet` with its head registered second of four,
+    inside a ModuleDict: ``layers`` = embed (6 -> 8), head (8 -> 3), norm (BatchNorm1d), drop;
+    forward runs embed, norm, ReLU, drop, head. Built after the same ``torch.manual_seed``, it
+    has the same weights (the Linear layers draw in the same order) in another state_dict order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleDict(
+            {"embed": nn.Linear(6, 8), "head": nn.Linear(8, 3), "norm": nn.BatchNorm1d(8), "drop": nn.Dropout(0.5)}
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        layers = self.layers
+        return layers["head"](layers["drop"](torch.relu(layers["norm"](layers["embed"](x)))))
