@@ -35,6 +35,10 @@ def test_arrays_are_named_by_position_without_usable_names(names) -> None:
 def test_evaluate_reply_carries_loss_and_examples() -> None:
     content = messages.metrics_content(9, {"accuracy": 0.5, "loss": 0.75}, loss=0.75)
     assert messages.read_evaluate_reply(content) == (0.75, 9, {"accuracy": 0.5, "loss": 0.75})
+    # the loss travels even when the client's metrics do not repeat it (a user's own client)
+    content = messages.metrics_content(9, {"accuracy": 0.5}, loss=0.375)
+    assert dict(content.metric_records["metrics"]) == {"accuracy": 0.5, "loss": 0.375, "num-examples": 9}
+    assert messages.read_evaluate_reply(content) == (0.375, 9, {"accuracy": 0.5, "loss": 0.375})
 
 
 def test_a_metric_that_contradicts_the_reply_is_refused() -> None:

@@ -125,6 +125,10 @@ def test_resume_continues_from_the_checkpoint(tmp_path, blobs_dataset):
     run_inprocess(server_app, client_app, 4, config(tmp_path, blobs_dataset, num_server_rounds=3, resume=True))
     rounds = [r["round"] for r in read_rows(tmp_path) if r["phase"] == "evaluate"]
     assert rounds == [1, 2, 3]  # the resumed run did only round 3 and kept rounds 1 and 2
+    # round 3 started from the checkpointed model: the results are those of a 3-round run
+    run_inprocess(server_app, client_app, 4, config(tmp_path, blobs_dataset, num_server_rounds=3, run_name="straight"))
+    for name in ("metrics.json", "clients.json"):
+        assert (tmp_path / "run" / name).read_bytes() == (tmp_path / "straight" / name).read_bytes(), name
 
 
 def test_resume_without_checkpoint_is_a_config_error(tmp_path, blobs_dataset):
@@ -133,8 +137,11 @@ def test_resume_without_checkpoint_is_a_config_error(tmp_path, blobs_dataset):
 
 
 def test_runs_are_reproducible_under_a_seed(tmp_path, blobs_dataset):
-    finals = []
-    for name in ("a", "b"):
-        run_inprocess(server_app, client_app, 4, config(tmp_path, blobs_dataset, run_name=name, algorithm="fedrep"))
-        finals.append([r for r in read_rows(tmp_path, name) if r["phase"] == "evaluate"][-1]["loss_wmean"])
-    assert finals[0] == pytest.approx(finals[1], rel=1e-6)
+    """The same seed gives the same bytes (every round's metrics, every client's results); another
+    seed gives other numbers (the seed is what fixes them)."""
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        run_inprocess(server_app, client_app, 4, config(tmp_path, blobs_dataset, run_name=name, algorithm="fedrep", seed=seed))
+    for name in ("metrics.json", "clients.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    losses = {run: [r["loss_wmean"] for r in read_rows(tmp_path, run) if r["phase"] == "evaluate"] for run in "ac"}
+    assert len(losses["a"]) == 3 and losses["a"] != losses["c"]

@@ -96,6 +96,33 @@ def test_train_keeps_the_personal_head_in_context_state_for_the_next_message() -
     assert (num_examples, loss) == (want_n, pytest.approx(want_loss, abs=0.0))
 
 
+class PlainClient:
+    """A user's own client: its evaluate returns a loss that its metrics do not repeat, and
+    names no arrays."""
+
+    def fit(self, parameters, config):
+        return [a * 2 for a in parameters], 6, {"steps": 3}
+
+    def evaluate(self, parameters, config):
+        return 0.625, 11, {"accuracy": 0.25}
+
+    def get_properties(self, config):
+        return {"partition_id": 0}
+
+    def get_parameters(self, config):
+        return [np.ones(2, np.float32)]
+
+
+def test_an_evaluate_reply_carries_the_loss_the_client_returned() -> None:
+    app = message_client_app(lambda ctx: PlainClient())
+    reply = app(request("evaluate", [np.zeros(2, np.float32)], CONFIG), context(0))
+    assert messages.read_evaluate_reply(reply.content) == (0.625, 11, {"accuracy": 0.25, "loss": 0.625})
+    train = app(request("train", [np.full(2, 1.5, np.float32)], CONFIG), context(0))
+    arrays, n, metrics = messages.read_train_reply(train.content)
+    assert n == 6 and metrics == {"steps": 3} and list(train.content.array_records[messages.ARRAYS].keys()) == ["0"]
+    np.testing.assert_array_equal(arrays[0], np.full(2, 3.0, np.float32))
+
+
 def test_query_reply_carries_the_partition_id() -> None:
     app = message_client_app(build)
     reply = app(request("query", [], {}), context(2))
@@ -113,7 +140,7 @@ def test_a_client_error_propagates_for_flower_to_turn_into_an_error_reply() -> N
 
 def test_handlers_cannot_be_registered_beside_a_client_fn() -> None:
     app = ClientApp(client_fn=lambda context: None)  # type: ignore[arg-type,return-value]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"either `@app.train\(\)` or `client_fn`"):
         register_handlers(app, build)
 
 

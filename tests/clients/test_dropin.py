@@ -119,6 +119,14 @@ def test_a_plain_module_with_a_named_head_trains_in_process(name):
     for net, _, client in built:
         assert isinstance(client.model, HeadSplit) and client.model.module is net
         assert client.model.heads[0] is net.fc3  # the user's own head module, not a new one
+    assert _trained(built)
+
+
+def _trained(built) -> bool:
+    """Whether some client's user model (the net the user handed over) left its message with
+    weights other than its initial ones: training reached the user's own tensors."""
+    return any(any(not torch.equal(net.state_dict()[k], initial[k]) for k in initial if initial[k].is_floating_point())
+               for net, initial, _ in built)
 
 
 @pytest.mark.parametrize("name, head, wrap", [
@@ -133,6 +141,7 @@ def test_baselines_train_a_plain_module_in_process(name, head, wrap):
     assert {phase for _, phase, _, _ in rows} >= {"fit", "evaluate"}
     for net, _, client in built:
         assert client.model.module is net
+    assert _trained(built) or name == "separate-fedavg"  # that one trains a copy of the model per domain
 
 
 @pytest.mark.parametrize("name", sorted(OPTIONS))

@@ -61,8 +61,11 @@ def test_single_head_model_ignores_missing_domain():
 
 
 def test_custom_feature_dim_for_cnns():
-    assert build_model("cnn28", (1, 28, 28), 10, feature_dim=32).feature_dim == 32
-    assert build_model("cnn32", (3, 32, 32), 10, feature_dim=48).feature_dim == 48
+    for name, shape, dim in (("cnn28", (1, 28, 28), 32), ("cnn32", (3, 32, 32), 48)):
+        model = build_model(name, shape, 10, feature_dim=dim).eval()
+        assert model.feature_dim == dim and model.heads[0].in_features == dim
+        with torch.no_grad():
+            assert model.features(torch.randn(2, *shape)).shape == (2, dim)
 
 
 @pytest.mark.parametrize("name", ["mlp", "cnn28", "linear", "resnet18-gn"])
@@ -160,7 +163,7 @@ def test_resnet18_with_one_channel_input():
 
 def test_resnet18_builds_in_train_mode():
     model = build_model("resnet18", (3, 32, 32), num_outputs=10)
-    assert model.training and model.encoder.training
+    assert all(m.training for m in model.modules())  # every BatchNorm too, not only the top modules
 
 
 def test_linear_model_has_no_head_bias_and_computes_BTx():

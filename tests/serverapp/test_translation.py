@@ -236,7 +236,7 @@ def test_message_node_raises_on_no_reply_an_error_reply_and_bad_content():
         MessageNode(ScriptedGrid(lambda m: None), 7).fit(ins, 1.0, 1)  # type: ignore[arg-type]
     with pytest.raises(NodeFailure, match="boom"):
         MessageNode(ScriptedGrid(lambda m: Message(Error(code=0, reason="boom"), reply_to=m)), 7).fit(ins, 1.0, 1)  # type: ignore[arg-type]
-    with pytest.raises(messages.MessageContentError):
+    with pytest.raises(messages.MessageContentError, match="no ConfigRecord 'properties'"):
         MessageNode(ScriptedGrid(lambda m: Message(RecordDict(), reply_to=m)), 7).get_properties(GetPropertiesIns({}), 1.0, None)  # type: ignore[arg-type]
 
     def echo(message: Message) -> Message:
@@ -257,3 +257,118 @@ def test_the_client_manager_follows_the_grid_nodes():
     manager.refresh()
     assert sorted(manager.all()) == ["2", "3", "4"] and all(isinstance(p, MessageNode) for p in manager.all().values())
     assert manager.wait_for(3, timeout=0) and not manager.wait_for(4, timeout=0)
+
+
+# ------------------------------------------------------------------------------ what each reply counts for
+class DuplicatingGrid(InProcessGrid):
+    """An in-process grid on which ``node_id`` answers every ``train`` message twice: its real
+    reply, then a second one whose arrays are ``scale`` times the first's."""
+
+    def __init__(self, app: Recorder, node_id: int, scale: float) -> None:
+        super().__init__(app, 3, {})  # type: ignore[arg-type]
+        self.node_id, self.scale = node_id, scale
+
+    def send_and_receive(self, *args, timeout=None, **kwargs):  # Flower passes messages=... by name
+        sent = list(kwargs.pop("messages", args[0] if args else []))
+        replies = super().send_and_receive(sent, timeout=timeout)
+        for message in sent:
+            if message.metadata.message_type != "train" or message.metadata.dst_node_id != self.node_id:
+                continue
+            first = next(r for r in replies if r.metadata.src_node_id == self.node_id)
+            arrays = first.content.array_records[messages.ARRAYS]
+            content = RecordDict(dict(first.content))
+            content[messages.ARRAYS] = messages.pack_arrays([a.numpy() * self.scale for a in arrays.values()], list(arrays.keys()))
+            replies.append(Message(content, reply_to=message))
+        return replies
+
+
+def test_a_nodes_second_reply_is_ignored_and_its_first_counts_once():
+    """A node that answers twice (a retried delivery) counts once, with its first reply: the run
+    ends exactly where the run without the duplicate ends (a second reply counted would pull
+    the mean towards arrays 100 times the first's)."""
+    results = []
+    for grid_of in (lambda app: InProcessGrid(app, 3, {}), lambda app: DuplicatingGrid(app, 1001, 100.0)):  # type: ignore[arg-type]
+        rows, kwargs = rows_of()
+        result = FedRep(**kwargs).start(grid=grid_of(Recorder()), initial_arrays=state_dict_record(), num_rounds=2, timeout=60)
+        results.append((rows, result))
+    (clean_rows, clean), (dup_rows, dup) = results
+    assert list(dup.arrays.keys()) == list(clean.arrays.keys()) == BODY
+    for name in BODY:
+        np.testing.assert_array_equal(dup.arrays[name].numpy(), clean.arrays[name].numpy())
+    for server_round in (1, 2):
+        row = fit_row(dup_rows, server_round)
+        assert (row["num_failures"], row["num_rejected"], row["participant_ids"]) == (0.0, 0.0, "0 1 2")
+        assert row["train_loss_wmean"] == fit_row(clean_rows, server_round)["train_loss_wmean"]
+
+
+def test_the_initial_arrays_are_evaluated_as_round_zero_then_each_round_after_training():
+    """The logic's evaluate_fn sees the initial arrays as round 0 (before any node trains), then
+    each round's aggregate as that round, as in the legacy server loop."""
+    seen: list[tuple[int, list[np.ndarray]]] = []
+
+    def evaluate_fn(server_round, arrays, config):
+        seen.append((server_round, arrays))
+        return 0.5 + server_round, {"rounds_seen": float(len(seen))}
+
+    app = Recorder()
+    rows, kwargs = rows_of({"evaluate_fn": evaluate_fn})
+    initial = state_dict_record()
+    result = run(app, FedRep(**kwargs), initial)
+    assert [r for r, _ in seen] == [0, 1, 2]
+    assert [(r, m["loss"]) for r, phase, m in rows if phase == "server-evaluate"] == [(0, 0.5), (1, 1.5), (2, 2.5)]
+    assert rows[0][1] == "server-evaluate"  # recorded before round 1's fit row
+    for array, name in zip(seen[0][1], BODY, strict=True):
+        np.testing.assert_array_equal(array, initial[name].numpy())
+    for array, name in zip(seen[2][1], BODY, strict=True):
+        np.testing.assert_array_equal(array, result.arrays[name].numpy())
+    assert any(not np.array_equal(a, b) for a, b in zip(seen[0][1], seen[1][1]))  # round 1 saw the trained arrays
+
+
+def test_initial_arrays_named_in_another_order_are_sent_by_name_in_every_round():
+    """The wire arrays given in reverse order: every message carries each array under its own
+    name, also when round 1's training fails everywhere and Flower hands the same record back
+    for round 1's evaluation and round 2 (the names are known by then, the order is not theirs)."""
+
+    def fail_round_one(message, context, clients):
+        config = message.content.config_records[messages.CONFIG]
+        if message.metadata.message_type == "train" and config["server-round"] == 1:
+            raise RuntimeError("round 1 lost")
+        return clients(message, context)
+
+    app = Recorder(fail_round_one)
+    rows, kwargs = rows_of()
+    whole = state_dict_record()
+    reverse = ArrayRecord({name: whole[name] for name in reversed(BODY)})
+    run(app, FedRep(**kwargs), reverse)
+    assert fit_row(rows, 1)["num_failures"] == 3.0 and fit_row(rows, 2)["num_failures"] == 0.0
+    sent = [m for m in app.requests if m.metadata.message_type in ("train", "evaluate")]
+    rounds = [(m.metadata.message_type, m.content.config_records[messages.CONFIG]["server-round"]) for m in sent]
+    assert {("train", 1), ("evaluate", 1), ("train", 2)} <= set(rounds)
+    for message, (kind, server_round) in zip(sent, rounds):
+        if (kind, server_round) == ("evaluate", 2):
+            continue  # round 2's aggregate
+        arrays = message.content.array_records[messages.ARRAYS]
+        assert list(arrays.keys()) == BODY, (kind, server_round)
+        for name in BODY:
+            np.testing.assert_array_equal(arrays[name].numpy(), whole[name].numpy(), err_msg=f"{kind} {server_round} {name}")
+
+
+def test_the_evaluation_loss_is_each_nodes_reported_loss_weighted_by_its_examples():
+    """Each node's evaluate reply says its own loss and count (unequal); the round's loss is their
+    example-weighted mean, in the results row and in Flower's Result."""
+    reported = {1000: (0.5, 4), 1001: (2.0, 12), 1002: (1.25, 8)}
+
+    def scripted(message, context, clients):
+        if message.metadata.message_type != "evaluate":
+            return clients(message, context)
+        loss, n = reported[message.metadata.dst_node_id]
+        pid = int(context.node_config["partition-id"])
+        return Message(messages.metrics_content(n, {"partition_id": pid, "accuracy": 0.1 * pid}, loss=loss), reply_to=message)
+
+    rows, kwargs = rows_of()
+    result = run(Recorder(scripted), FedRep(**kwargs), state_dict_record(), rounds=1)
+    want = (0.5 * 4 + 2.0 * 12 + 1.25 * 8) / 24
+    evaluate = next(m for r, phase, m in rows if phase == "evaluate")
+    assert evaluate["loss_wmean"] == pytest.approx(want, rel=1e-12) and evaluate["num_failures"] == 0.0
+    assert evaluate["loss_min"] == 0.5 and evaluate["loss_max"] == 2.0
+    assert result.evaluate_metrics_clientapp[1]["loss_wmean"] == pytest.approx(want, rel=1e-12)

@@ -697,6 +697,68 @@ def test_min_available_clients_is_what_the_strategy_waits_for(cls):
         strict.configure_fit(1, ndarrays_to_parameters(initial), manager(3))
 
 
+def test_with_fewer_clients_connected_a_round_samples_its_fraction_of_those_connected():
+    """6 of 10 clients connected, min_available_clients=4: fraction_fit=0.5 samples 3 of the 6
+    connected (not half of the federation), distinct and all connected; min_fit_clients raises the
+    count, up to the clients there are; fraction 1 takes all 6."""
+    connected = {str(5000 + 7 * pid) for pid in range(6)}
+
+    def picked(**kw) -> list[str]:
+        s = FedAvg(num_clients=10, min_available_clients=4, initial_arrays=arrays_of(0), wait_timeout=0, **kw)
+        return [p.cid for p, _ in s.configure_fit(1, ndarrays_to_parameters(arrays_of(0)), manager(6))]
+
+    for kw, count in (({"fraction_fit": 0.5}, 3), ({"fraction_fit": 0.5, "min_fit_clients": 5}, 5),
+                      ({"fraction_fit": 0.5, "min_fit_clients": 8}, 6), ({"fraction_fit": 1.0}, 6)):
+        cids = picked(**kw)
+        assert len(cids) == len(set(cids)) == count and set(cids) <= connected, kw
+    s = FedAvg(num_clients=10, min_available_clients=4, fraction_evaluate=0.5, min_evaluate_clients=1, wait_timeout=0)
+    assert len(s.configure_evaluate(1, ndarrays_to_parameters(arrays_of(0)), manager(6))) == 3
+
+
+def test_only_evaluations_with_examples_and_a_finite_loss_count():
+    """An evaluation with no examples, an infinite or a NaN loss is rejected (counted in
+    num_failures with the failed ones); the round's loss is the example-weighted mean of the rest.
+    An evaluation teaches the strategy its node's partition id, unless that id is outside the
+    federation."""
+    from flwr.common import Code, EvaluateRes, Status
+
+    recorder = Recorder()
+    s = FedAvg(num_clients=4, on_round=recorder)
+    res = lambda loss, n, pid: EvaluateRes(Status(Code.OK, ""), loss, n, {"accuracy": 0.5, "partition_id": pid})  # noqa: E731
+    results = [(FakeProxy("a", 0), res(0.5, 4, 0)), (FakeProxy("b", 1), res(0.2, 12, 1)), (FakeProxy("c", 2), res(0.0, 0, 2)),
+               (FakeProxy("d", 3), res(float("inf"), 8, 3)), (FakeProxy("e", 4), res(float("nan"), 8, 4))]
+    loss, metrics = s.aggregate_evaluate(1, results, [RuntimeError("gone")])
+    assert loss == pytest.approx((0.5 * 4 + 0.2 * 12) / 16, rel=1e-12)
+    assert metrics["num_failures"] == 4.0 and metrics["num_clients"] == 2.0
+    row = recorder.phase("evaluate")[-1][1]
+    assert (row["participants"], row["participant_ids"]) == (2.0, "0 1")
+    assert s.partition_of == {"a": 0, "b": 1, "c": 2, "d": 3}  # "e" says partition 4 of a federation of 4
+
+
+def test_the_last_round_config_goes_to_the_runs_last_round_only():
+    """``last_round_config`` reaches the evaluate instructions of round num_rounds and of no other
+    round; after a resume the rounds done count; without num_rounds no round is the last."""
+    params = ndarrays_to_parameters(arrays_of(0))
+
+    def marked(s, rounds) -> list[int]:
+        s.last_round_config = {"export-model": "final"}
+        out = []
+        for r in rounds:
+            configs = [ins.config for _, ins in s.configure_evaluate(r, params, manager(2))]
+            assert configs and all(c["server-round"] == s.round_offset + r for c in configs)
+            if any("export-model" in c for c in configs):
+                assert all(c["export-model"] == "final" for c in configs)
+                out.append(r)
+        return out
+
+    assert marked(FedAvg(num_clients=2, num_rounds=3), range(1, 5)) == [3, 4]  # a round past the last is last too
+    resumed = FedAvg(num_clients=2, num_rounds=3)
+    resumed.round_offset = 1
+    assert marked(resumed, (1, 2)) == [2]
+    assert marked(FedAvg(num_clients=2), range(1, 5)) == []
+    assert not FedAvg(num_clients=2, num_rounds=3).is_last_round(2) and FedAvg(num_clients=2, num_rounds=3).is_last_round(3)
+
+
 # ------------------------------------------------------------------------------------ num_rounds and seed
 def test_pfedfda_refuses_to_guess_the_last_round():
     with pytest.raises(ConfigError, match=r"full_last_round=True .* needs the run's total number of rounds.*num_rounds="):

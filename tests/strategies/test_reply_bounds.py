@@ -51,6 +51,11 @@ def test_huge_values_wreck_the_plain_mean_and_not_the_bounded_ones():
     # it moves the mean by at most its weight times (the clip norm + the honest mean's norm)
     weight = SIZES[4] / sum(SIZES)
     assert distance(clipped, target) <= weight * (0.5 + distance(target, [0 * t for t in target])) + 1e-6
+    # exactly: the attacker's update (all coordinates equal, 9 of them) scaled to norm 0.5, then
+    # the example-weighted mean of the five replies
+    attacker = [np.full(a.shape, 0.5 / 3.0) for a in GLOBAL]
+    for got, t, c in zip(clipped, target, attacker):
+        np.testing.assert_allclose(got, (1 - weight) * t + weight * c, rtol=1e-5, atol=1e-7)
     trimmed, _ = aggregate(FedAvg(num_clients=5, aggregate="trimmed-mean", trim_fraction=0.2), replies)
     for i, t in enumerate(trimmed):  # every coordinate within the honest clients' values
         values = np.stack([honest(p)[i] for p in range(4)])

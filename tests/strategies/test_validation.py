@@ -74,5 +74,7 @@ def test_count_checked_before_layout():
 
 
 def test_reply_error_is_a_value_error():
-    with pytest.raises(ValueError):
+    assert issubclass(ReplyError, ValueError)  # callers that catch ValueError catch it too
+    with pytest.raises(ValueError) as err:
         check_arrays("c", [], SHAPES, num_examples=1)
+    assert type(err.value) is ReplyError and "client c" in str(err.value)

@@ -87,6 +87,26 @@ def test_train_stats_loss_is_mean_step_loss_before_update():
     assert stats.loss == pytest.approx(expected, rel=1e-6)
 
 
+def test_train_loss_is_the_mean_of_the_step_losses_over_every_epoch_with_an_unequal_last_batch():
+    """TrainStats.loss (a client's ``train_loss``) averages the steps' mean losses: batches of 4,
+    4 and 2 samples whose per-sample losses are 0 .. 9 have step losses 1.5, 5.5 and 8.5, so the
+    figure is 31/6 over two epochs, not the per-sample mean 4.5, nor the last step's 8.5; a
+    stop after 4 steps averages those 4 (the next epoch's first batch included)."""
+    x = torch.zeros(10, 4)
+    x[:, 0] = torch.arange(10.0)
+    split = ArraySplit(x, torch.arange(10) % 2, torch.zeros(10, dtype=torch.long))
+
+    def first_feature(m, x, y, d):  # a per-sample loss that the parameters do not change
+        return x[:, 0] + 0.0 * m(x, d).sum(1)
+
+    loader = split.loader(4, shuffle=False)
+    stats = train(_model(num_heads=1), loader, optimizer=SGD, device=CPU, epochs=2, loss_fn=first_feature)
+    assert (stats.steps, stats.num_examples) == (6, 10)
+    assert stats.loss == pytest.approx((1.5 + 5.5 + 8.5) / 3, rel=1e-6)
+    stopped = train(_model(num_heads=1), loader, optimizer=SGD, device=CPU, epochs=2, loss_fn=first_feature, max_steps=4)
+    assert stopped.steps == 4 and stopped.loss == pytest.approx((1.5 + 5.5 + 8.5 + 1.5) / 4, rel=1e-6)
+
+
 def test_train_matches_manual_sgd_step():
     split = _blobs()
     model, reference = _model(), _model()
@@ -312,11 +332,14 @@ def test_client_names_its_partition_when_its_data_has_nan() -> None:
 
 def test_non_finite_regularizer_raises():
     split = _blobs(n=8)
-    with pytest.raises(FloatingPointError):
+    model = _model()
+    before = _params(model)
+    with pytest.raises(FloatingPointError, match=r"training loss became inf at step 1 \(epoch 1, batch 1\) on finite data"):
         train(
-            _model(), _full_batch(split), optimizer=SGD, device=CPU,
+            model, _full_batch(split), optimizer=SGD, device=CPU,
             regularizer=lambda m: torch.tensor(float("inf")),
         )
+    assert all(torch.equal(before[k], v) for k, v in _params(model).items())  # no step was taken
 
 
 def test_train_regression_lowers_mse():
@@ -513,3 +536,20 @@ def test_after_step_sees_every_step_and_collect_features_matches_the_encoder():
     assert steps == list(range(1, 11))
     z, y, d = collect_features(model, split, device=torch.device("cpu"), batch_size=7)
     assert torch.allclose(z, model.eval().features(split.x), atol=1e-6) and torch.equal(y, split.y) and torch.equal(d, split.domain)
+
+
+def test_collect_features_computes_them_in_eval_mode():
+    """A model left in train mode (as training leaves it) with dropout in its encoder: the
+    features are the eval-mode ones (no unit dropped, the same on every call), and the model is
+    left in eval mode."""
+    from flwr_pfl.training import collect_features
+
+    torch.manual_seed(0)
+    model = EncoderHeadModel(nn.Sequential(nn.Linear(4, 16), nn.Dropout(0.5), nn.Tanh()), feature_dim=16, num_outputs=2)
+    split = _blobs(n=20)
+    with torch.no_grad():
+        want = model.eval().features(split.x)
+    model.train()
+    z, _, _ = collect_features(model, split, device=CPU, batch_size=8)
+    assert not model.training and not model.encoder[1].training
+    torch.testing.assert_close(z, want, rtol=0, atol=1e-6)
