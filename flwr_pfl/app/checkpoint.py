@@ -242,10 +242,15 @@ def read_checkpoint(path: Path) -> Checkpoint:
         raise ConfigError(f"checkpoint {path} cannot be read: {err}") from None
     except (OSError, EOFError) as err:
         raise ConfigError(f"checkpoint {path} cannot be read: {err}") from None
+    except Exception as err:  # noqa: BLE001 - zipfile reports damage in several kinds (BadZipFile, ...)
+        raise ConfigError(f"checkpoint {path} is damaged and cannot be read ({type(err).__name__}: {err})") from None
     payload = arrays.pop("meta", None)
-    if payload is None or payload.dtype != np.uint8 or payload.ndim != 1:
+    if payload is None:
         raise ConfigError(f"checkpoint {path} has no metadata entry 'meta'; it was written by an older "
                           "version of flwr_pfl and cannot be resumed (start the run again)")
+    if payload.dtype != np.uint8 or payload.ndim != 1:
+        raise ConfigError(f"checkpoint {path}: its metadata entry 'meta' is {payload.dtype}{payload.shape}, not the "
+                          "1-d uint8 array of JSON flwr_pfl writes (the file was altered)")
     try:
         meta = json.loads(payload.tobytes().decode("utf-8"))
     except ValueError as err:
@@ -253,6 +258,9 @@ def read_checkpoint(path: Path) -> Checkpoint:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
         found = meta.get("format") if isinstance(meta, dict) else None
         raise ConfigError(f"checkpoint {path} has format {found!r}; this version reads format {FORMAT_VERSION}")
+    missing = [key for key in ("rounds_done", "config", "results", "state") if key not in meta]
+    if missing:
+        raise ConfigError(f"checkpoint {path}: its metadata lacks {', '.join(missing)}")
     try:
         state = _decode(meta["state"], arrays)
     except KeyError as err:

@@ -23,8 +23,11 @@ whole ``context.state`` into one file per run and partition:
   messages in it (``flwr_pfl.app.client_app`` does).
 
 The file holds no pickle: a small header (format, the run's identity, the body's length and
-SHA-256), then the records in Flower's own protobuf encoding; every array is then read back
-with NumPy's ``allow_pickle=False`` and checked against its declared dtype and shape. A file that
+SHA-256) followed by the header's own SHA-256, then the records in Flower's own protobuf
+encoding. Both digests are checked before anything in the file is used, so a damaged header is
+refused as damaged rather than taken for another run's or partition's file (files of format 1,
+written before the header had its digest, are still read). Every array is then read back with
+NumPy's ``allow_pickle=False`` and checked against its declared dtype and shape. A file that
 fails any check (damaged, truncated, crafted, another partition's) is refused: a warning names
 the file and the reason, the file is renamed to ``*.state.rejected`` (kept for inspection) and
 the node starts afresh, as a node without ``state-dir`` would.
@@ -61,9 +64,12 @@ NODE_CONFIG_KEY = "state-dir"
 RESTORED_KEY = "flwr_pfl.restored"
 #: the first bytes of every state file
 MAGIC = b"flwr_pfl node state\n"
-#: the file layout this module writes and reads
-FORMAT = 1
+#: the file layout this module writes (2: the header is followed by its SHA-256)
+FORMAT = 2
+#: layouts this module reads (1: written before the header had a digest of its own)
+READABLE_FORMATS = (1, 2)
 _LENGTH = struct.Struct(">Q")
+_DIGEST_BYTES = hashlib.sha256().digest_size
 _MAX_HEADER = 64 * 1024
 
 
@@ -141,12 +147,12 @@ def encode_body(state: RecordDict) -> bytes:
 
 
 def encode(state: RecordDict, ident: StateIdentity, body: bytes | None = None) -> bytes:
-    """The whole file: magic, header length, JSON header, body."""
+    """The whole file: magic, header length, JSON header, the header's SHA-256, body."""
     body = encode_body(state) if body is None else body
     header = {"format": FORMAT, **ident.header(), "body-bytes": len(body),
               "body-sha256": hashlib.sha256(body).hexdigest()}
     raw = json.dumps(header, sort_keys=True).encode()
-    return MAGIC + _LENGTH.pack(len(raw)) + raw + body
+    return MAGIC + _LENGTH.pack(len(raw)) + raw + hashlib.sha256(raw).digest() + body
 
 
 def _split(blob: bytes) -> tuple[dict[str, Any], bytes]:
@@ -159,17 +165,23 @@ def _split(blob: bytes) -> tuple[dict[str, Any], bytes]:
     (length,) = _LENGTH.unpack_from(blob, len(MAGIC))
     if length > _MAX_HEADER or start + length > len(blob):
         raise StateFileError(f"header length {length} is out of range for a file of {len(blob)} bytes")
+    raw, end = blob[start:start + length], start + length
     try:
-        header = json.loads(blob[start:start + length])
+        header = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise StateFileError(f"header is not JSON ({err})") from None
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise StateFileError(f"unknown format {header.get('format') if isinstance(header, dict) else header!r}; expected {FORMAT}")
+    found = header.get("format") if isinstance(header, dict) else header
+    if found not in READABLE_FORMATS or isinstance(found, bool):
+        raise StateFileError(f"unknown format {found!r}; expected {FORMAT}")
+    if found >= 2:
+        if blob[end:end + _DIGEST_BYTES] != hashlib.sha256(raw).digest():
+            raise StateFileError("header does not match its SHA-256 (damaged, altered or truncated)")
+        end += _DIGEST_BYTES
     for key, kind in (("run-name", str), ("flower-run-id", int), ("partition-id", int),
                       ("config-digest", str), ("body-bytes", int), ("body-sha256", str)):
         if not isinstance(header.get(key), kind) or isinstance(header.get(key), bool):
             raise StateFileError(f"header field {key!r} is missing or not a {kind.__name__}")
-    return header, blob[start + length:]
+    return header, blob[end:]
 
 
 def decode(blob: bytes) -> tuple[dict[str, Any], RecordDict]:
@@ -215,7 +227,7 @@ def read_header(path: Path) -> dict[str, Any] | None:
             (length,) = _LENGTH.unpack_from(head, len(MAGIC))
             if length > _MAX_HEADER:
                 return None
-            return _split(head + f.read(length))[0]
+            return _split(head + f.read(length + _DIGEST_BYTES))[0]
     except (OSError, StateFileError):
         return None
 
