@@ -45,6 +45,7 @@ from flwr_pfl.training import (
     set_arrays,
     train,
 )
+from flwr_pfl.training.norms import FrozenNorm, check_frozen_norm
 from flwr_pfl.training.seed import client_seed
 
 NDArrays = list[np.ndarray]
@@ -103,6 +104,14 @@ class TrainConfig:
         optimizer: optimizer and learning rate.
         device: ``auto`` (CUDA when visible), ``cpu``, ``cuda`` or ``cuda:<i>``.
         seed: base seed; each client and round derives its own.
+        frozen_norm: in a phase that trains part of the model (FedRep's head or body phase,
+            FedDAR's head phase, FMTL's phase 2, pFedFDA's backbone), what the frozen part's
+            BatchNorm-like modules do: ``"eval"`` (default: eval mode, their running statistics
+            stay as they are) or ``"train"`` (train mode: the statistics move, as in the
+            reference codes). Dropout stays active either way (:mod:`flwr_pfl.training.norms`).
+
+    Raises:
+        ValueError: ``frozen_norm`` is not ``"eval"`` or ``"train"``.
     """
 
     local_epochs: int = 1
@@ -110,6 +119,10 @@ class TrainConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     device: str = "auto"
     seed: int = 0
+    frozen_norm: FrozenNorm = "eval"
+
+    def __post_init__(self) -> None:
+        check_frozen_norm(self.frozen_norm)
 
 
 def round_train_config(train_config: TrainConfig, config: Config, who: str = "") -> TrainConfig:
@@ -322,7 +335,8 @@ class PFLClient(NumPyClient):
         return f"partition {self.partition_id}" if self.partition_id >= 0 else "partition ?"
 
     def train_groups(self, groups: tuple[str, ...], epochs: int, **kwargs) -> TrainStats:
-        """Run the shared train loop on ``groups`` with this client's settings."""
+        """Run the shared train loop on ``groups`` with this client's settings (its optimizer and
+        its ``frozen_norm`` unless ``kwargs`` say otherwise)."""
         return train(
             self.model,
             self.data.train,
@@ -333,6 +347,7 @@ class PFLClient(NumPyClient):
             task=self.data.task,
             who=kwargs.pop("who", self.who),
             keys=self.data.batch_keys,
+            frozen_norm=kwargs.pop("frozen_norm", self.train_config.frozen_norm),
             **kwargs,
         )
 

@@ -23,7 +23,12 @@ class FedPerClient(PFLClient):
 class FedRepClient(PFLClient):
     """FedRep (Collins et al., 2021, Alg. 1): each round, first ``head_epochs`` epochs on the
     personal head with the received body frozen, then ``local_epochs`` epochs on the body with
-    the new head frozen; only the body is sent back."""
+    the new head frozen; only the body is sent back.
+
+    The frozen part's BatchNorm statistics stay as they are in each phase (the head is fitted to
+    the representation it will be evaluated with, and the body's statistics that go back to the
+    server are those of the body phase); ``TrainConfig(frozen_norm="train")`` lets them move, as
+    the official code does (:mod:`flwr_pfl.training.norms`)."""
 
     head_requirement = "parameters"
     shared_group = "body"

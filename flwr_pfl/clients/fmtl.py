@@ -49,7 +49,9 @@ class FedFMTLClient(PFLClient):
     Phase 1 (config ``fmtl-phase`` = 1): local epochs on the whole model, as FedAvg (FedProx with
     ``prox_mu`` > 0). Phase 2: the body is frozen and only the heads train (``phase2_epochs``,
     default the local epochs, spec P11); the proximal term is kept only with ``phase2_prox``
-    (spec Sec. 4 item 2: off by default).
+    (spec Sec. 4 item 2: off by default). The frozen body's BatchNorm statistics stay as they are
+    in phase 2 unless ``TrainConfig.frozen_norm`` is ``"train"``, so the feature statistics computed
+    once under it (``fmtl-stats``) remain those of the body every client holds.
 
     The local objective is :func:`~flwr_pfl.core.fmtl.fmtl_per_sample_loss` over all M heads
     (eqs. 5/7): ``ce`` (default; softmax over all classes, implicitly augmented), ``mse`` (real

@@ -11,6 +11,7 @@ from flwr_pfl.training.loops import (
     supervised_loss,
     train,
 )
+from flwr_pfl.training.norms import FROZEN_NORMS, FrozenNorm, frozen_norm_modules, frozen_norms
 from flwr_pfl.training.optim import OptimizerConfig, make_optimizer
 from flwr_pfl.training.params import (
     NDArrays,
@@ -26,6 +27,7 @@ from flwr_pfl.training.state import load_arrays, load_scalars, save_arrays, save
 
 __all__ = [
     "BatchKeys", "dataset_targets", "loader_like", "num_samples", "read_batch",
+    "FROZEN_NORMS", "FrozenNorm", "frozen_norm_modules", "frozen_norms",
     "EvalResult", "NDArrays", "OptimizerConfig", "TrainStats", "client_seed", "collect_features", "evaluate",
     "get_arrays", "group_keys", "group_parameters", "group_shapes", "load_arrays", "load_scalars",
     "make_optimizer", "only_trainable", "per_sample_loss", "resolve_device", "save_arrays",

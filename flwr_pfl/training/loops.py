@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 from flwr_pfl.data.types import ArraySplit, Task
 from flwr_pfl.models.base import EncoderHeadModel
 from flwr_pfl.training.batches import BatchKeys, num_samples, read_batch
+from flwr_pfl.training.norms import FrozenNorm, check_frozen_norm, frozen_norms
 from flwr_pfl.training.optim import OptimizerConfig, make_optimizer
 from flwr_pfl.training.params import only_trainable
 
@@ -116,8 +117,13 @@ def train(
     after_step: Callable[[EncoderHeadModel, int], None] | None = None,
     who: str = "",
     keys: BatchKeys | None = None,
+    frozen_norm: FrozenNorm = "eval",
 ) -> TrainStats:
     """Train the parameter ``groups`` of ``model`` for ``epochs`` passes over ``loader``.
+
+    The model is in train mode (dropout active everywhere, the frozen part included), except
+    under ``frozen_norm="eval"`` the BatchNorm-like modules that lie wholly outside ``groups``
+    (see :mod:`flwr_pfl.training.norms`).
 
     Args:
         loader: yields (x, y, domain) or (x, y) batches, or dicts read with ``keys``
@@ -134,6 +140,11 @@ def train(
             record per-step parameter updates, as FedGP's auto-weighting needs).
         who: whose data this is (e.g. ``"partition 3"``), named in errors.
         keys: the entries of dict batches (default: flwr-datasets' column names).
+        frozen_norm: what the frozen part's normalisation modules with running statistics do:
+            ``"eval"`` (eval mode for the call: they normalise with, and keep, their running
+            statistics, so a frozen body stays frozen) or ``"train"`` (train mode: their
+            statistics move, as in FedRep's, PFLlib's and FL-bench's code). No effect when
+            ``groups`` is ``("all",)``.
 
     Raises:
         FloatingPointError: the loss became NaN or Inf; the client's reply then counts as a
@@ -143,35 +154,37 @@ def train(
     """
     if epochs < 0:
         raise ValueError(f"epochs must be >= 0, got {epochs}")
+    check_frozen_norm(frozen_norm)
     loss_fn = loss_fn or supervised_loss(task)
     model.to(device).train()
     weights = domain_weights.to(device) if domain_weights is not None else None
     start, steps, loss_sum = time.perf_counter(), 0, 0.0
     with only_trainable(model, groups) as params:
-        opt = make_optimizer(params, optimizer)
-        for epoch in range(epochs):
-            for batch_index, batch in enumerate(loader):
-                x, y, d = read_batch(batch, device, keys)
-                losses = loss_fn(model, x, y, d)
-                if weights is not None:
-                    losses = losses * weights[d]
-                loss = losses.mean()
-                total = loss + regularizer(model) if regularizer is not None else loss
-                if not torch.isfinite(total):
-                    where = f"step {steps + 1} (epoch {epoch + 1}, batch {batch_index + 1})"
-                    raise nonfinite_loss_error(total.item(), x, y, where=where, who=who,
-                                               learning_rate=optimizer.learning_rate)
-                opt.zero_grad(set_to_none=True)
-                total.backward()
-                opt.step()
-                steps += 1
-                loss_sum += float(loss.detach())
-                if after_step is not None:
-                    after_step(model, steps)
+        with frozen_norms(model, groups, frozen_norm):
+            opt = make_optimizer(params, optimizer)
+            for epoch in range(epochs):
+                for batch_index, batch in enumerate(loader):
+                    x, y, d = read_batch(batch, device, keys)
+                    losses = loss_fn(model, x, y, d)
+                    if weights is not None:
+                        losses = losses * weights[d]
+                    loss = losses.mean()
+                    total = loss + regularizer(model) if regularizer is not None else loss
+                    if not torch.isfinite(total):
+                        where = f"step {steps + 1} (epoch {epoch + 1}, batch {batch_index + 1})"
+                        raise nonfinite_loss_error(total.item(), x, y, where=where, who=who,
+                                                   learning_rate=optimizer.learning_rate)
+                    opt.zero_grad(set_to_none=True)
+                    total.backward()
+                    opt.step()
+                    steps += 1
+                    loss_sum += float(loss.detach())
+                    if after_step is not None:
+                        after_step(model, steps)
+                    if max_steps and steps >= max_steps:
+                        break
                 if max_steps and steps >= max_steps:
                     break
-            if max_steps and steps >= max_steps:
-                break
     return TrainStats(
         loss=loss_sum / max(steps, 1),
         num_examples=num_samples(loader),
