@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import copy
 
+from logging import WARNING
+
 import numpy as np
 import torch
+from flwr.common import log
 from torch import nn
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
@@ -34,6 +37,7 @@ from flwr_pfl.training import (
     train,
 )
 from flwr_pfl.training.loops import LossFn, supervised_loss
+from flwr_pfl.training.norms import running_stat_norms
 
 
 def domain_mean_loss(task: Task, num_domains: int) -> LossFn:
@@ -103,6 +107,12 @@ class DomainAwareClient(PFLClient):
         except ValueError as err:
             raise ValueError(f"client partition {self.partition_id}: {err}") from None
 
+    def head_loss(self) -> core.HeadLoss:
+        """Loss of the linear heads, which fixes their Hessian (Sec. 4.3): squared error for
+        regression, softmax cross-entropy otherwise; reported to the server, whose SA solve
+        needs no trust region for squared loss."""
+        return core.HeadLoss.SQUARED if self.data.task == "regression" else core.HeadLoss.SOFTMAX
+
     def local_evaluate(self, config: Config) -> EvalResult:
         return with_auc(self.model, super().local_evaluate(config), self.data, self.device)
 
@@ -114,6 +124,7 @@ class DomainAwareClient(PFLClient):
             "num_outputs": int(self.model.num_outputs),
             "feature_dim": int(self.model.feature_dim),
             "head_bias": self.model.heads[0].bias is not None,
+            "head_loss": self.head_loss().value,
         } if getattr(self.model, "splits_features", False) else {}
         return {
             "partition_id": self.partition_id,
@@ -173,9 +184,6 @@ class FedDARClient(DomainAwareClient):
 
     def head_layout(self) -> core.HeadLayout:
         return core.HeadLayout(int(self.model.num_outputs), int(self.model.feature_dim), self.model.heads[0].bias is not None)
-
-    def head_loss(self) -> core.HeadLoss:
-        return core.HeadLoss.SQUARED if self.data.task == "regression" else core.HeadLoss.SOFTMAX
 
     def flat_heads(self) -> torch.Tensor:
         """The model's heads as a float64 (M, P) tensor in the wire layout."""
@@ -294,13 +302,26 @@ class SeparateFedAvgClient(DomainAwareClient):
         return arrays + [counts.astype(np.float64)], n, metrics
 
     def local_update(self, config: Config) -> dict[str, float]:
+        """Train copy m on the domain-m samples. Splitting the client's data by domain can leave
+        a domain's last batch with one sample; a model with BatchNorm (in train mode here: the
+        whole copy trains) cannot take a training step on one sample (no batch statistics: torch
+        stops with "Expected more than 1 value per channel when training"), so such a batch is
+        dropped from each epoch (the loader shuffles: a different sample each epoch), and a
+        domain with a single sample leaves its copy as received this round (logged)."""
         domains = self.train_domains()
         losses, seconds = [], 0.0
+        has_batch_norm = bool(running_stat_norms(self.models[0])) if self.models else False
         for m, model in enumerate(self.models):
             index = torch.nonzero(domains == m).flatten().tolist()
             if not index:
                 continue
-            loader = loader_like(self.data.train, Subset(self.data.train.dataset, index), shuffle=True)
+            batch_size = self.data.train.batch_size or 32  # what loader_like uses
+            single = has_batch_norm and len(index) % batch_size == 1
+            if single and len(index) == 1:
+                log(WARNING, "%s: domain %d has 1 training sample, and the model's BatchNorm cannot train on one "
+                    "sample: domain %d's model is not trained this round", self.who, m, m)
+                continue
+            loader = loader_like(self.data.train, Subset(self.data.train.dataset, index), shuffle=True, drop_last=single)
             stats = train(model, loader, optimizer=self.train_config.optimizer, device=self.device,
                           epochs=self.train_config.local_epochs, task=self.data.task,
                           who=f"{self.who} (domain {m}'s model)", keys=self.data.batch_keys)

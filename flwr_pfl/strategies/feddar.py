@@ -28,7 +28,8 @@ Wire layout (M domains, heads of N outputs on k features, P = N (k + bias), E en
 * global arrays: the model's ``state_dict`` order: E encoder arrays, then per domain m
   ``heads.m.weight`` (N, k) [+ ``heads.m.bias`` (N,)].
 * get_properties (``feddar-query="domain-counts"``) -> scalars ``partition_id``, ``num_domains``,
-  ``num_outputs``, ``feature_dim``, ``head_bias``, ``n_d0`` .. ``n_d{M-1}``.
+  ``num_outputs``, ``feature_dim``, ``head_bias``, ``head_loss`` (``squared`` / ``softmax``;
+  a client may leave it out), ``n_d0`` .. ``n_d{M-1}``.
 * head phase: server -> global arrays; client -> ``[heads (M, P) float64, counts (M,) float64]``
   plus ``[hessians (M, P, P) float64]`` for SA; heads are class-major [W | b] rows
   (:class:`~flwr_pfl.core.feddar.HeadLayout`), absent domains send the received head, count 0 and a
@@ -118,13 +119,15 @@ class DomainCountingStrategy(PFLStrategy):
             raise ReplyError(f"client {proxy.cid}: invalid domain counts {counts.tolist()}")
         if self.count_table and num_domains != self.num_domains:
             raise ReplyError(f"client {proxy.cid}: reports {num_domains} domains, others {self.num_domains}")
-        info = {k: props[k] for k in ("num_outputs", "feature_dim", "head_bias") if k in props}
-        if self.head_info and info != self.head_info:
+        info = {k: props[k] for k in ("num_outputs", "feature_dim", "head_bias", "head_loss") if k in props}
+        if self.head_info and _layout_of(info) != _layout_of(self.head_info):
             raise ReplyError(f"client {proxy.cid}: head layout {info} differs from {self.head_info}")
+        if "head_loss" in info and self.head_info.get("head_loss", info["head_loss"]) != info["head_loss"]:
+            raise ReplyError(f"client {proxy.cid}: head loss {info['head_loss']!r} differs from {self.head_info['head_loss']!r}")
         pid = int(props["partition_id"])
         self.partition_of[proxy.cid] = pid
         self.count_table[pid] = counts
-        self.head_info = info
+        self.head_info = {**self.head_info, **info}  # a client that omits head_loss keeps the known one
 
     @property
     def num_domains(self) -> int:
@@ -243,7 +246,8 @@ class FedDAR(DomainCountingStrategy):
             is multiplied by the factor (FairFace: 0.1 after round 60); 0 = no decay.
         hessian_at: ``"local"`` (Algorithm 1) or ``"global"`` (Eq. 8 derivation).
         sa_options: :class:`~flwr_pfl.core.feddar.SAOptions` (weighting, solver, damping,
-            fallback to WA, condition threshold).
+            fallback to WA, condition threshold, trust radius; the trust region is applied
+            unless the clients report squared-loss heads).
         cache_features: compute features once per head phase with the frozen encoder in eval
             mode and train the heads on them (exact without data augmentation).
         max_hessian_params: clients refuse SA heads with more parameters (spec 8.5).
@@ -304,6 +308,13 @@ class FedDAR(DomainCountingStrategy):
     def layout(self) -> core.HeadLayout:
         info = self.head_info
         return core.HeadLayout(int(info["num_outputs"]), int(info["feature_dim"]), bool(info["head_bias"]))
+
+    @property
+    def head_loss(self) -> core.HeadLoss | None:
+        """The clients' head loss, as they report it (None when they do not): SA's trust region
+        is not needed for squared loss (:func:`~flwr_pfl.core.feddar.aggregate_heads_sa`)."""
+        value = self.head_info.get("head_loss")
+        return core.HeadLoss(str(value)) if value in {h.value for h in core.HeadLoss} else None
 
     @property
     def arrays_per_head(self) -> int:
@@ -457,7 +468,7 @@ class FedDAR(DomainCountingStrategy):
         hessians = np.stack([r.arrays[2] for r in replies]) if self.aggregation is core.HeadAggregation.SA else None
         metrics: dict[str, float] = {"head_update_skipped": 0.0}
         try:
-            result = core.aggregate_heads(self.aggregation, heads, counts, prev, hessians, self.sa_options)
+            result = core.aggregate_heads(self.aggregation, heads, counts, prev, hessians, self.sa_options, self.head_loss)
         except ValueError as err:  # the exact solver met a singular system (spec 9.3)
             log(WARNING, "round %d: head aggregation failed, heads kept: %s", server_round, err)
             return metrics | {"head_update_skipped": 1.0}
@@ -470,6 +481,7 @@ class FedDAR(DomainCountingStrategy):
                 metrics[f"sa_min_eig_dom{m}"] = float(result.min_eigenvalues[m])
                 metrics[f"sa_lambda_dom{m}"] = float(result.damping[m])
                 metrics[f"sa_fallback_dom{m}"] = float(result.fell_back_to_wa[m])
+                metrics[f"sa_trust_bound_dom{m}"] = float(result.trust_bound[m])
         return metrics
 
     # ---------------------------------------------------------------- representation phase
@@ -500,6 +512,12 @@ class FedDAR(DomainCountingStrategy):
     def load_state_dict(self, state: dict[str, Any], rounds_done: int) -> None:
         super().load_state_dict(state, rounds_done)
         self._warned = set(state.get("warned", ()))
+
+
+def _layout_of(info: dict[str, Scalar]) -> dict[str, Scalar]:
+    """The head layout part of a client's head info (all but ``head_loss``, which older
+    clients and checkpoints may lack)."""
+    return {k: v for k, v in info.items() if k != "head_loss"}
 
 
 def _check_counts(who: str, counts: np.ndarray, num_examples: int) -> None:

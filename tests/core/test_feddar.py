@@ -337,7 +337,8 @@ def test_default_damped_sa_is_the_proximal_closed_form():
     prev = torch.randn(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     local = torch.stack([F.local_least_squares_heads(phi, y, z, prev, layout) for phi, y, z in clients])
     counts, hess, _ = _client_stats(clients, local, layout, SQ)
-    res = F.aggregate_heads_sa(local.numpy(), hess, counts, prev.numpy())
+    res = F.aggregate_heads_sa(local.numpy(), hess, counts, prev.numpy(), loss=SQ)  # no trust region
+    assert not res.trust_bound.any()
     for m in range(3):
         phi, y = _pooled(clients, m)
         x = phi.numpy()
@@ -450,6 +451,66 @@ def test_softmax_singular_sum_pinv_newton_identity_and_null_space():
     np.testing.assert_allclose(fb.heads, F.aggregate_heads_wa(local, cnt, prev))
 
 
+def _label_skewed_softmax_round(seed: int = 0, noise: float = 0.01):
+    """One SA round on softmax heads shaped like a CNN's features under label skew: 4 clients
+    with 30 samples of 2 of the 5 classes each, features = class centre (k = 16) + small noise,
+    so the feature Gram has 5 strong and 11 weak directions. Each client takes 10 gradient steps
+    (lr 0.5) on its head from the global head; Hessians at the local heads (Algorithm 1).
+    Returns (layout, held-out data, local heads, counts, Hessians, previous head)."""
+    layout = F.HeadLayout(5, 16, bias=True)
+    g = torch.Generator().manual_seed(seed)
+    centers = torch.randn(5, 16, generator=g, dtype=torch.float64)
+    prev = 0.1 * torch.randn(1, layout.num_params, generator=g, dtype=torch.float64)
+    clients, local = [], []
+    for _ in range(4):
+        own = torch.randperm(5, generator=g)[:2]
+        y = own[torch.randint(0, 2, (30,), generator=g)]
+        x = centers[y] + noise * torch.randn(30, 16, generator=g, dtype=torch.float64)
+        z = torch.zeros(30, dtype=torch.long)
+        w = prev.clone()
+        for _ in range(10):
+            w = w - 0.5 * F.head_statistics(x, y, z, w, layout, SOFT).gradients
+        clients.append((x, y, z))
+        local.append(w)
+    y_test = torch.arange(500) % 5
+    test = (centers[y_test] + noise * torch.randn(500, 16, generator=g, dtype=torch.float64), y_test)
+    local = torch.stack(local)
+    counts, hess, _ = _client_stats(clients, local, layout, SOFT)
+    return layout, test, local.numpy(), counts, hess, prev.numpy()
+
+
+def test_damped_sa_on_softmax_heads_stays_within_the_clients_steps_and_does_not_diverge():
+    """Eq. 8 on softmax heads is a Newton step on a sum of local quadratic models; along the
+    weak feature directions the summed Hessian is tiny and the undamped step moves the head
+    18x farther than any client did, to a held-out loss 4x that of the round's starting head (on
+    the default Fashion-MNIST experiment, 90x farther, and the run diverged). The default trust
+    region keeps the step within the longest local step, and the head improves on the start."""
+    layout, (x, y), local, counts, hess, prev = _label_skewed_softmax_round()
+    z = torch.zeros(len(y), dtype=torch.long)
+
+    def held_out_loss(heads: np.ndarray) -> float:
+        return float(F.per_sample_loss(F.head_outputs(x, z, torch.as_tensor(heads), layout), y, SOFT).mean())
+
+    longest = np.linalg.norm(local[:, 0] - prev[0], axis=-1).max()
+    res = F.aggregate_heads_sa(local, hess, counts, prev)  # defaults: damped, trust radius 1
+    assert np.linalg.norm(res.heads[0] - prev[0]) <= longest * (1 + 1e-6)
+    assert held_out_loss(res.heads) < held_out_loss(prev) / 2
+    assert res.trust_bound[0] and res.damping[0] > 1e-6 * np.trace(hess.mean(0)[0]) / layout.num_params
+    # the failure it prevents: the unbounded solve (trust radius 0, the paper's Eq. 8 with the
+    # 1e-6 damping floor) steps far beyond every client and raises the held-out loss
+    unbounded = F.aggregate_heads_sa(local, hess, counts, prev, F.SAOptions(trust_radius=0.0))
+    assert np.linalg.norm(unbounded.heads[0] - prev[0]) > 10 * longest
+    assert held_out_loss(unbounded.heads) > 2 * held_out_loss(prev)
+    assert not unbounded.trust_bound.any()
+    # a wider trust region allows a proportionally longer step; the loss decides nothing here
+    wide = F.aggregate_heads_sa(local, hess, counts, prev, F.SAOptions(trust_radius=3.0))
+    assert longest < np.linalg.norm(wide.heads[0] - prev[0]) <= 3 * longest * (1 + 1e-6)
+    # squared-loss Hessians get no trust region (their quadratic model is exact), nor do pinv
+    # and exact solves, nor damping 0 (Eq. 8 as written)
+    for kwargs in ({"loss": SQ}, {"options": PINV}):
+        assert not F.aggregate_heads_sa(local, hess, counts, prev, **kwargs).trust_bound.any()
+
+
 def test_pinv_on_underdetermined_domain_solves_normal_equations_nearest_prev():
     layout = F.HeadLayout(1, 5)
     counts = np.array([[1, 6], [2, 4]])  # domain 0: 3 samples in total < 5 parameters
@@ -493,6 +554,8 @@ def test_aggregation_rejects_bad_input():
         F.SAOptions(damping=-1.0)
     with pytest.raises(ValueError, match="cond_threshold"):
         F.SAOptions(cond_threshold=0.5)
+    with pytest.raises(ValueError, match="trust_radius"):
+        F.SAOptions(trust_radius=-1.0)
 
 
 def test_aggregate_encoder_weighted_average_and_layout_check():

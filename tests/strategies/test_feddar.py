@@ -340,6 +340,12 @@ def test_options_are_validated_and_shared_by_the_variants():
     kwargs = e.algorithm.strategy_kwargs(e.options)
     assert kwargs["head_epochs"] == 3 and kwargs["aggregation"] == "wa"  # the named variant wins
     assert e.to_dict()["feddar.head-epochs"] == 3
+    with pytest.raises(ConfigError, match="feddar.sa-trust-radius"):
+        parse_experiment({"algorithm": "feddar-sa", "feddar.sa-trust-radius": -1.0})
+    e = parse_experiment({"algorithm": "feddar-sa", "feddar.sa-trust-radius": 2.5})
+    assert e.algorithm.strategy_kwargs(e.options)["sa_options"].trust_radius == 2.5
+    default = parse_experiment({"algorithm": "feddar-sa"})
+    assert default.algorithm.strategy_kwargs(default.options)["sa_options"].trust_radius == 1.0
 
 
 # ------------------------------------------------------------------------------------ binary AUC

@@ -171,9 +171,10 @@ class HeadProxy(FakeProxy):
     """A client answering the count query with its row of COUNTS and the head phase with crafted
     local heads and Hessians; records every fit instruction it gets."""
 
-    def __init__(self, cid: str, pid: int, with_hessians: bool = True) -> None:
+    def __init__(self, cid: str, pid: int, with_hessians: bool = True, head_loss: str | None = None) -> None:
         super().__init__(cid, pid)
         self.with_hessians = with_hessians
+        self.head_loss = head_loss  # reported when set, as FedDARClient does
         self.configs: list[dict] = []
         rng = np.random.default_rng(pid)
         self.heads = rng.standard_normal((M, P))
@@ -183,6 +184,7 @@ class HeadProxy(FakeProxy):
 
     def get_properties(self, ins, timeout, group_id):
         props = {"partition_id": self.pid, "num_domains": M, "num_outputs": N, "feature_dim": K, "head_bias": True}
+        props |= {"head_loss": self.head_loss} if self.head_loss else {}
         return GetPropertiesRes(Status(Code.OK, ""), props | {f"n_d{m}": int(c) for m, c in enumerate(COUNTS[self.pid])})
 
     def fit(self, ins, timeout, group_id):
@@ -191,8 +193,8 @@ class HeadProxy(FakeProxy):
         return fit_res(arrays, int(COUNTS[self.pid].sum()), self.pid, {"head_loss": 0.1})
 
 
-def federation(with_hessians: bool = True):
-    proxies = [HeadProxy(str(100 + i), i, with_hessians) for i in range(len(COUNTS))]
+def federation(with_hessians: bool = True, head_loss: str | None = None):
+    proxies = [HeadProxy(str(100 + i), i, with_hessians, head_loss) for i in range(len(COUNTS))]
     return client_manager(proxies), proxies
 
 
@@ -213,6 +215,30 @@ def test_sa_head_aggregation_solves_eq8_with_the_configured_weights(weighting):
         a = sum(alpha[p.pid] * p.hessians[m] for p in proxies)
         b = sum(alpha[p.pid] * p.hessians[m] @ p.heads[m] for p in proxies)
         np.testing.assert_allclose(s.global_heads()[m], np.linalg.solve(a, b), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("head_loss", ["softmax", None, "squared"])
+def test_sa_trust_region_follows_the_head_loss_the_clients_report(head_loss):
+    """The damped SA solve keeps each head's step within trust_radius x the longest local step
+    for softmax heads (and for clients that do not say), and solves squared-loss heads without
+    it (their quadratic model is exact); FedDARClient reports its loss with its counts."""
+    assert make_client().get_properties({"feddar-query": "domain-counts"})["head_loss"] == "softmax"
+    options = core.SAOptions(trust_radius=0.01)
+    s = strategy(aggregation="sa", sa_options=options)
+    cm, proxies = federation(head_loss=head_loss)
+    prev = np.stack([LAYOUT.pack(*(torch.as_tensor(a, dtype=torch.float64) for a in global_arrays()[encoder_count() + 2 * m:][:2]))
+                     for m in range(M)]).astype(np.float64)
+    s.configure_fit(1, ndarrays_to_parameters(global_arrays()), cm)
+    heads = np.stack([p.heads for p in proxies])
+    loss = core.HeadLoss(head_loss) if head_loss else None
+    expected = core.aggregate_heads_sa(heads, np.stack([p.hessians for p in proxies]), COUNTS, prev, options, loss)
+    np.testing.assert_allclose(s.global_heads(), expected.heads, rtol=1e-4, atol=1e-5)
+    assert expected.trust_bound.all() == (head_loss != "squared")
+    for m in range(M):
+        holding = COUNTS[:, m] > 0
+        step = np.linalg.norm(s.global_heads()[m] - prev[m])
+        longest = np.linalg.norm(heads[holding, m] - prev[m], axis=-1).max()
+        assert (step <= 0.01 * longest * 1.001) == (head_loss != "squared")
 
 
 def test_wa_head_aggregation_weights_local_heads_by_domain_count():

@@ -8,6 +8,7 @@ re-weighting is the suite's ``fedavg``. Also registers the dataset ``feddar-synt
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from flwr_pfl.app.keys import check_choice
@@ -52,6 +53,13 @@ class FedDAROptions:
         sa_fallback_to_wa: use WA for a domain whose cond(A) exceeds ``sa_cond_threshold``
             (default false).
         sa_cond_threshold: condition-number limit (default 1e12).
+        sa_trust_radius: trust region of the damped solve (not in the paper): each SA head moves
+            at most this many times the longest local head step of the round (default 1.0; 0 =
+            off, the paper's unbounded Eq. 8). Applied to softmax heads only: their summed
+            Hessian has many near-zero eigenvalues, along which Eq. 8's Newton step leaves the
+            region where the clients' quadratic models hold (on the default experiment it moved
+            the head 100 times farther than any client and the run diverged); squared-loss
+            heads are solved exactly (SA = pooled least squares, Fig. 1 unchanged).
         cache_features: compute the frozen encoder's features once per head phase, in eval mode,
             and train the heads on them (default true; exact without data augmentation).
         max_hessian_params: refuse SA heads with more parameters than this (P = N (k + bias);
@@ -76,6 +84,7 @@ class FedDAROptions:
     sa_damping: float = 1e-6
     sa_fallback_to_wa: bool = False
     sa_cond_threshold: float = 1e12
+    sa_trust_radius: float = 1.0
     cache_features: bool = True
     max_hessian_params: int = 4096
 
@@ -99,9 +108,12 @@ class FedDAROptions:
             raise ConfigError(f"feddar.sa-damping={self.sa_damping} must be >= 0")
         if not self.sa_cond_threshold > 1:
             raise ConfigError(f"feddar.sa-cond-threshold={self.sa_cond_threshold} must be > 1")
+        if not (math.isfinite(self.sa_trust_radius) and self.sa_trust_radius >= 0):
+            raise ConfigError(f"feddar.sa-trust-radius={self.sa_trust_radius} must be a finite number >= 0")
 
     def sa_options(self) -> core.SAOptions:
-        return core.SAOptions(self.sa_weighting, self.sa_solver, self.sa_damping, self.sa_fallback_to_wa, self.sa_cond_threshold)
+        return core.SAOptions(self.sa_weighting, self.sa_solver, self.sa_damping, self.sa_fallback_to_wa,
+                              self.sa_cond_threshold, self.sa_trust_radius)
 
     def strategy_kwargs(self, aggregation: str | None = None) -> dict:
         return {

@@ -66,9 +66,11 @@ class SAWeighting(str, Enum):
 class SASolver(str, Enum):
     """How the server solves A w = b with A = sum_i alpha_i H_i, b = sum_i alpha_i H_i w_i.
 
-    ``DAMPED`` (default, a safeguard not in the paper): w = (A + lam I)^{-1} (b + lam w_prev) with
-    lam = damping * trace(A) / P, a proximal pull toward the previous global head; finite for
-    singular A (softmax heads, small domains) and equal to Eq. 8 when damping = 0.
+    ``DAMPED`` (default, a safeguard not in the paper): w = (A + lam I)^{-1} (b + lam w_prev), a
+    proximal pull toward the previous global head (Levenberg-Marquardt damping of the Newton
+    step that Eq. 8 is); lam is at least damping * trace(A) / P, and raised until the step
+    ||w - w_prev|| fits the trust region of ``SAOptions.trust_radius``. Finite for singular A
+    (softmax heads, small domains); equal to Eq. 8 when damping = 0.
     ``PINV``: w = w_prev + A^+ (b - A w_prev), the solution of the least-squares system nearest to
     the previous head; equals Eq. 8 whenever A is invertible.
     ``EXACT``: Eq. 8 as written, w = A^{-1} b; raises ValueError when A is singular or its
@@ -87,12 +89,23 @@ class SAOptions:
     Attributes:
         weighting: client weights alpha, default :attr:`SAWeighting.DOMAIN_COUNT`.
         solver: linear solve, default :attr:`SASolver.DAMPED`.
-        damping: relative damping for ``DAMPED`` (lam = damping * trace(A) / P), default 1e-6;
-            0 reproduces the paper's undamped Eq. 8.
+        damping: relative damping for ``DAMPED`` (lam >= damping * trace(A) / P), default 1e-6;
+            0 reproduces the paper's undamped Eq. 8 (and turns the trust region off).
         fallback_to_wa: when the condition number of A exceeds ``cond_threshold``, use WA for
             that domain instead of solving (default False).
         cond_threshold: condition-number limit for ``fallback_to_wa`` and ``EXACT``, and
             1 / cond_threshold is the relative cutoff of ``PINV`` (default 1e12).
+        trust_radius: trust region of ``DAMPED`` (a safeguard not in the paper): each domain
+            head moves at most trust_radius x the longest local step max_i ||w_{i,m} - w_prev||
+            of the clients holding the domain; lam is raised to the smallest value that keeps
+            the step inside. Eq. 8 is the minimiser of the sum of the clients' second-order
+            models of their losses (Sec. 4.3); for softmax and logistic heads those models hold
+            only near the point they were taken, and the summed softmax Hessian has many
+            near-zero eigenvalues (weak feature directions, saturated probabilities: Sec. 4.3's
+            stability remark), along
+            which the undamped solve moves the head arbitrarily far. Not applied to squared-loss
+            heads, whose second-order model is the loss itself (SA stays pooled least squares).
+            Default 1.0 (SA never steps farther than the farthest client did); 0 = off.
     """
 
     weighting: SAWeighting = SAWeighting.DOMAIN_COUNT
@@ -100,11 +113,14 @@ class SAOptions:
     damping: float = 1e-6
     fallback_to_wa: bool = False
     cond_threshold: float = 1e12
+    trust_radius: float = 1.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "weighting", SAWeighting(self.weighting))
         object.__setattr__(self, "solver", SASolver(self.solver))
         if not (np.isfinite(self.damping) and self.damping >= 0):
             raise ValueError(f"SAOptions.damping must be a finite number >= 0, got {self.damping}")
+        if not (np.isfinite(self.trust_radius) and self.trust_radius >= 0):
+            raise ValueError(f"SAOptions.trust_radius must be a finite number >= 0, got {self.trust_radius}")
         if not self.cond_threshold > 1:
             raise ValueError(f"SAOptions.cond_threshold must be > 1, got {self.cond_threshold}")
