@@ -44,7 +44,7 @@ from flwr_pfl.errors import ConfigError
 #: and times out nodes (an operator resuming on a fleet that changed); none changes what is computed
 RESUMABLE_CHANGES = frozenset({
     "num-server-rounds", "resume", "output-dir", "run-name", "checkpoint-interval",
-    "wait-timeout", "min-clients", "round-timeout", "server-workers", "api",
+    "wait-timeout", "min-clients", "round-timeout", "server-workers", "api", "fail-on-no-training",
 })
 
 

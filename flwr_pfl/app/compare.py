@@ -11,6 +11,12 @@ no Ray) or on Flower's Ray simulation engine (``--engine ray``). Results: ``<out
 (each run's usual files), ``<out>/comparison.json``, ``<out>/comparison.md`` (mean and standard
 deviation over seeds of the last round's figures; best round in brackets) and
 ``<out>/comparison.png`` (learning curves).
+
+A run that trained nothing (every client failed in a round, or a diverged run left at chance:
+:func:`flwr_pfl.app.results.judge_run`) does not stop the comparison: its row is kept, the
+tables and ``comparison.json`` name it as FAILED with the first line of its summary, and the
+command exits non-zero once everything is written. ``-c fail-on-no-training=false`` counts such
+runs as completed.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from flwr_pfl.app.checkpoint import changed_keys
 from flwr_pfl.app.config import SIMULATED_CLIENTS, Experiment, parse_experiment
 from flwr_pfl.app.keys import with_suggestions
 from flwr_pfl.app.registry import ALGORITHMS
+from flwr_pfl.app.results import FAILED, read_status
 from flwr_pfl.errors import ConfigError
 
 #: figures reported per algorithm (those a run produced)
@@ -66,17 +73,44 @@ def run_one(run_config: dict[str, Any], engine: str, reuse: bool = False) -> lis
     # The comparison owns <out>/runs/: a run it starts again replaces the earlier one there (the
     # app itself never overwrites a run's directory).
     shutil.rmtree(experiment.output_path(), ignore_errors=True)
-    if engine == "ray":
-        from flwr_pfl.app.simulation import run_ray_simulation
+    try:
+        if engine == "ray":
+            from flwr_pfl.app.simulation import run_ray_simulation
 
-        run_ray_simulation(run_config, experiment.run.num_clients)
-    else:
-        from flwr_pfl.app.client_app import app as client_app
-        from flwr_pfl.app.inprocess import run_inprocess
-        from flwr_pfl.app.server_app import app as server_app
+            run_ray_simulation(run_config, experiment.run.num_clients)
+        else:
+            from flwr_pfl.app.client_app import app as client_app
+            from flwr_pfl.app.inprocess import run_inprocess
+            from flwr_pfl.app.server_app import app as server_app
 
-        run_inprocess(server_app, client_app, experiment.run.num_clients, run_config)
+            run_inprocess(server_app, client_app, experiment.run.num_clients, run_config)
+    except Exception:
+        # A run that went to its end and was judged to have trained nothing raised after
+        # writing its results: the comparison reports it (failed_runs) and goes on. Any other
+        # error (one that stopped the run) stops the comparison.
+        if not judged_failed(experiment):
+            raise
     return _evaluation_rows(experiment)
+
+
+def judged_failed(experiment: Experiment) -> bool:
+    """Whether ``experiment``'s run went to its end and was judged failed (its
+    ``summary.json``), as opposed to stopped by an error or completed."""
+    status = read_status(experiment.output_path())
+    return status is not None and status.get("status") == FAILED and not status.get("stopped")
+
+
+def failed_runs(configs: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
+    """Run name -> why, for every run of ``configs`` whose results record status ``failed``
+    (the reasons from its ``summary.json``, as the first line of its summary gives them)."""
+    out: dict[str, str] = {}
+    for runs in configs.values():
+        for config in runs:
+            experiment = parse_experiment(config)
+            status = read_status(experiment.output_path())
+            if status is not None and status.get("status") == FAILED:
+                out[experiment.output_path().name] = "; ".join(status.get("problems") or ["failed"])
+    return out
 
 
 def _evaluation_rows(experiment: Experiment) -> list[dict[str, Any]]:
@@ -267,13 +301,26 @@ def compare(
     key = next((k for k in ("accuracy_wmean", "mse_wmean", "loss_wmean") if any(k in s for s in summary.values())), "loss_wmean")
     reference = algorithms[0]
     paired = paired_differences(curves, key, reference)
+    failed = failed_runs(configs)
     (out / "comparison.json").write_text(json.dumps(
-        {"config": shareable, "seeds": seeds, "summary": summary, "paired": {"key": key, "reference": reference, "differences": paired}},
+        {"config": shareable, "seeds": seeds, "summary": summary, "paired": {"key": key, "reference": reference, "differences": paired},
+         "failed": failed},
         indent=2,
     ))
-    (out / "comparison.md").write_text(markdown(summary) + "\n\n" + paired_markdown(paired, key, reference) + "\n")
+    (out / "comparison.md").write_text(
+        markdown(summary) + "\n\n" + paired_markdown(paired, key, reference) + "\n" + failed_markdown(failed)
+    )
     plot(curves, out / "comparison.png", key)
     return summary
+
+
+def failed_markdown(failed: dict[str, str]) -> str:
+    """The FAILED runs of a comparison and why, one line each ("" when none failed)."""
+    if not failed:
+        return ""
+    lines = [f"FAILED runs ({len(failed)}; their figures above are not results):", ""]
+    lines += [f"- {name}: {why}" for name, why in failed.items()]
+    return "\n" + "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -297,6 +344,9 @@ def main(argv: list[str] | None = None) -> None:
     base = default_run_config(parse_overrides(args.run_config))
     summary = compare(base, args.algorithms, args.seeds, args.out, args.engine, args.reuse)
     print(markdown(summary))
+    failed = json.loads((args.out / "comparison.json").read_text())["failed"]
+    if failed:
+        raise SystemExit(f"FAILED: {len(failed)} run(s) trained nothing:\n" + failed_markdown(failed).strip())
     if any(math.isnan(f["mean"]) for s in summary.values() for f in s.values()):
         raise SystemExit("some runs produced NaN figures")
 

@@ -23,6 +23,7 @@ from flwr_pfl.data.config import DataConfig
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.strategies.base import AGGREGATES
 from flwr_pfl.models import MODEL_NAMES
+from flwr_pfl.training.norms import FROZEN_NORMS
 from flwr_pfl.training.optim import OptimizerConfig
 
 #: clients that the suite's own tools simulate (the launcher's federation, compare's in-process
@@ -55,6 +56,13 @@ class RunConfig:
             empty: none), stepped after every optimizer step and restarted every round
             (:mod:`flwr_pfl.training.optim`); lr_scheduler_options: its keyword arguments.
         model: an encoder + heads model name; feature_dim its representation width (0 = default).
+        frozen_norm: in a phase that trains part of the model (FedRep's head and body phases,
+            FedDAR's head phase, FMTL's phase 2, pFedFDA's backbone), what the frozen part's
+            BatchNorm layers (any normalisation with running statistics) do: ``eval`` (eval
+            mode: their statistics stay as they are, so a frozen part is frozen) or ``train``
+            (train mode: their statistics move, as in the papers' reference codes). Dropout
+            stays active either way. No model of :data:`~flwr_pfl.models.MODEL_NAMES` but
+            ``resnet18`` has such layers (:mod:`flwr_pfl.training.norms`).
         seed: seeds sampling, initialisation, partitions and shuffling.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:<i>``.
         num_threads: torch CPU threads per client and for the server's tensor work (0 = torch's
@@ -86,6 +94,12 @@ class RunConfig:
             legacy Strategy loop and NumPyClients) or ``message`` (the Message-API strategy of
             :mod:`flwr_pfl.serverapp` and the ClientApp's ``train``/``evaluate``/``query``
             handlers). Both run the same round logic and give the same numbers.
+        fail_on_no_training: a run that trained nothing ends with status ``failed`` (its
+            results written, then an error: ``flwr run`` lists it as failed, the launcher and
+            ``compare`` exit non-zero): a round in which every client asked to train failed or
+            was rejected, or a training that diverged and left the final accuracy at chance
+            (:func:`~flwr_pfl.app.results.judge_run`). False records such a run as
+            ``completed``, with a warning in its summary.
         clip_update_norm: > 0 scales each client's update (its reply minus the global arrays
             it was sent) to at most this L2 norm before aggregation; 0 = off.
         max_examples: > 0 rejects a fit reply that claims more examples than this; 0 = off.
@@ -116,6 +130,7 @@ class RunConfig:
     lr_scheduler_options: str = ""
     model: str = "cnn28"
     feature_dim: int = 0
+    frozen_norm: str = "eval"
     seed: int = 0
     device: str = "auto"
     num_threads: int = 1
@@ -133,6 +148,7 @@ class RunConfig:
     trim_fraction: float = 0.1
     eval_every: int = 1
     api: str = "numpyclient"
+    fail_on_no_training: bool = True
 
     def __post_init__(self) -> None:
         get_algorithm(self.algorithm)
@@ -173,6 +189,7 @@ class RunConfig:
             raise ConfigError("output-dir must not be empty")
         check_run_name(self.run_name)
         check_choice("api", self.api, APIS)
+        check_choice("frozen-norm", self.frozen_norm, FROZEN_NORMS)
         if self.resume and not self.run_name:
             raise ConfigError("resume=true needs run-name: the name of the run to continue under output-dir")
         self.optimizer_config()  # validates the optimizer and scheduler keys
@@ -272,6 +289,7 @@ class Experiment:
             optimizer=self.run.optimizer_config(),
             device=self.run.device,
             seed=self.run.seed,
+            frozen_norm=self.run.frozen_norm,  # type: ignore[arg-type]  # checked in RunConfig
         )
 
     def output_path(self) -> Path:

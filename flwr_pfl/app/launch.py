@@ -17,7 +17,10 @@
 * uses a private Flower home and port, so no SuperLink left over from another project (with
   another environment) is reused, and stops the SuperLink it started when the run ends;
 * checks the run's final status with ``flwr list`` (``flwr run`` exits 0 even when the app
-  failed) and exits non-zero unless the run finished successfully.
+  failed) and exits non-zero unless the run finished successfully. A run that trained nothing
+  (every client failed in a round, or a diverged run left at chance) is a failed run too: the
+  ServerApp raises once its results are written (:func:`flwr_pfl.app.results.judge_run`; the
+  run key ``fail-on-no-training = false`` keeps such a run completed).
 """
 
 from __future__ import annotations

@@ -16,6 +16,15 @@ summary in ``summary.txt`` and on stdout.
 
 A resumed run continues the same files: the rows up to the checkpoint's round are kept, rows a
 killed run appended after its last checkpoint are dropped (those rounds run again).
+
+A run that trained nothing must not look like a success. At the end the recorded rows are
+judged (:func:`judge_run`): a round in which clients were asked to train and no reply was
+accepted (:func:`rounds_without_training`), or a training that diverged and left the final
+metrics at chance (:func:`divergence`), makes the run FAILED. ``summary.json`` records the
+status (``completed`` or ``failed``) and why; the summary's first line says what happened and
+quotes the clients' errors; the ServerApp then raises :class:`RunFailed`, so that ``flwr run``
+reports ``finished:failed`` and the launcher and ``compare`` exit non-zero. The run key
+``fail-on-no-training = false`` keeps such a run ``completed`` (the summary ends with a warning).
 """
 
 from __future__ import annotations
@@ -26,20 +35,33 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from flwr_pfl.app.checkpoint import Checkpoint, remove_stale_temporaries, write_checkpoint
 from flwr_pfl.errors import ConfigError
+from flwr_pfl.strategies.base import SERVER_EVALUATE
 from flwr_pfl.strategies.validation import describe_failures
 
 Scalar = bool | bytes | float | int | str
 
 METRICS_LOG = "metrics.jsonl"
 TIMINGS_LOG = "timings.jsonl"
+#: the run's status and why, written with ``summary.txt`` at the end (:meth:`ResultsWriter.finish`)
+STATUS_FILE = "summary.json"
 #: files whose presence means a directory already holds a run's results
-RESULT_FILES = ("config.json", METRICS_LOG, "metrics.json", "checkpoint.npz", "summary.txt")
+RESULT_FILES = ("config.json", METRICS_LOG, "metrics.json", "checkpoint.npz", "summary.txt", STATUS_FILE)
+
+#: the values of ``status`` in ``summary.json``
+COMPLETED, FAILED = "completed", "failed"
+#: the phases that evaluate; every other phase (fit, FedDAR's head phase, ...) trains
+EVALUATION_PHASES = ("evaluate", SERVER_EVALUATE)
+#: a final weighted accuracy at most this far above chance (1 / classes) counts as at chance
+CHANCE_MARGIN = 0.05
+#: a loss above this has exploded (a cross-entropy at chance is ln(classes), 2.3 for 10 classes)
+EXPLODED_LOSS = 1e6
 
 
 class ResultsWriter:
@@ -55,6 +77,11 @@ class ResultsWriter:
         last_round: ... and after this round (the run's last; 0 = unknown).
         resume_from: a checkpoint of this directory to continue from: its rows are kept, later
             ones dropped.
+        fail_on_no_training: whether a run that trained nothing (:func:`judge_run`) ends with
+            status ``failed`` (run key ``fail-on-no-training``); False records it as
+            ``completed`` with a warning.
+        num_classes: the classes of the task, for the chance level of :func:`divergence`
+            (None: unknown, or not a classification).
     """
 
     def __init__(
@@ -66,6 +93,8 @@ class ResultsWriter:
         checkpoint_interval: int = 1,
         last_round: int = 0,
         resume_from: Checkpoint | None = None,
+        fail_on_no_training: bool = True,
+        num_classes: int | None = None,
     ) -> None:
         if checkpoint_interval < 1:
             raise ValueError(f"checkpoint_interval must be >= 1, got {checkpoint_interval}")
@@ -79,6 +108,13 @@ class ResultsWriter:
         self.timings: list[dict[str, Any]] = []
         self.clients: dict[int, dict[str, Any]] = {}
         self.failures: dict[str, tuple[int, str]] = {}  # phase -> (round, description)
+        # (round, phase) -> description, for phases in which no reply was accepted (quoted when
+        # the run is judged to have trained nothing)
+        self.unanswered: dict[tuple[int, str], str] = {}
+        self.fail_on_no_training = fail_on_no_training
+        self.num_classes = num_classes
+        self.status: str | None = None  # set by finish(): COMPLETED or FAILED
+        self.verdict: Verdict | None = None
         elapsed = 0.0
         if resume_from is None:
             for name in (METRICS_LOG, TIMINGS_LOG):
@@ -130,10 +166,20 @@ class ResultsWriter:
             self._write_clients()
 
     def record_failures(self, server_round: int, phase: str, failures: Sequence[Any], asked: int) -> None:
-        """Remember the latest failures of a phase, for the summary (``asked``: clients sent
-        an instruction)."""
+        """Remember the latest failures of a phase, and those of a training phase that
+        accepted no reply, for the summary (``asked``: clients sent an instruction). Called
+        after the phase's row is recorded."""
         if failures:
-            self.failures[phase] = (server_round, f"{len(failures)} of {asked} failed: {describe_failures(failures)}")
+            text = f"{len(failures)} of {asked} failed: {describe_failures(failures)}"
+            self.failures[phase] = (server_round, text)
+            rows = []  # this round's rows of the phase: at the end (a scan that does not grow with the rounds)
+            for row in reversed(self.rows):
+                if row["round"] != server_round:
+                    break
+                if row["phase"] == phase:
+                    rows.append(row)
+            if phase not in EVALUATION_PHASES and not any(accepted_replies(r) for r in rows):
+                self.unanswered[(server_round, phase)] = text
 
     def end_round(self, server_round: int) -> None:
         """Called once a round (fit and evaluation) is over: write the checkpoint when due."""
@@ -160,8 +206,9 @@ class ResultsWriter:
         return [r for r in self.rows if r["phase"] == "evaluate" and r.get("num_clients")]
 
     def finish(self, stopped: str | None = None) -> str:
-        """Export the rows, write the plots and return (and print) the one-screen summary;
-        ``stopped``: the error that ended the run early, named in the summary."""
+        """Export the rows, write the plots, judge the run (:func:`judge_run`), write
+        ``summary.json`` and return (and print) the one-screen summary, whose first line says
+        why a failed run failed; ``stopped``: the error that ended the run early."""
         from flwr_pfl.app.plots import plot_domains, plot_learning_curves
 
         self.export()
@@ -170,13 +217,60 @@ class ResultsWriter:
             plot_learning_curves(rows, self.directory / "learning_curves.png", title=self._title())
             if any(k.startswith("acc_d") for k in rows[-1]):
                 plot_domains(rows, self.directory / "domains.png", title=self._title())
-        summary = self.summary()
+        self.verdict = verdict = judge_run(self.rows, self.num_classes)
+        problems = self._problems(verdict)
         if stopped is not None:
             done = max((r["round"] for r in self.rows), default=0)
-            summary += f"\nthe run stopped after {done} round(s) on an error: {stopped}"
+            problems.insert(0, f"the run stopped after {done} round(s) on an error: {stopped}")
+        failed = stopped is not None or (verdict.trained_nothing and self.fail_on_no_training)
+        self.status = FAILED if failed else COMPLETED
+        summary = self.summary()
+        if failed:
+            summary = f"FAILED: {'; '.join(problems)}\n{summary}"
+        elif problems:
+            summary += (f"\nwarning: {'; '.join(problems)} (fail-on-no-training = false: the run counts as "
+                        "completed)")
+        status = {
+            "status": self.status,
+            "problems": problems,
+            "stopped": stopped,
+            "rounds_without_training": list(verdict.rounds_without_training),
+            "divergence": verdict.divergence,
+            "fail_on_no_training": self.fail_on_no_training,
+        }
+        _write_atomic(self.directory / STATUS_FILE, json.dumps(status, indent=1))
         _write_atomic(self.directory / "summary.txt", summary + "\n")
         print(summary, flush=True)
         return summary
+
+    def _problems(self, verdict: Verdict) -> list[str]:
+        """The verdict's findings in words, quoting the clients' errors recorded for the rounds
+        that trained nothing (else the latest recorded ones)."""
+        problems = []
+        untrained = verdict.rounds_without_training
+        if untrained:
+            last = max((r["round"] for r in self.rows), default=0)
+            text = (f"{_rounds_text(untrained)} (of {last}) trained nothing: every client asked to train failed or "
+                    "was rejected")
+            quoted = [(k, v) for k, v in self.unanswered.items() if k[0] in untrained]
+            if quoted:
+                (server_round, phase), errors = max(quoted)
+                text += f"; the clients' errors (round {server_round}, {phase}): {errors}"
+            elif "fit" in self.failures:
+                server_round, errors = self.failures["fit"]
+                text += f"; the latest clients' errors (round {server_round}, fit): {errors}"
+            else:
+                text += "; the clients' errors are in the log"
+            problems.append(text)
+        if verdict.divergence:
+            problems.append(verdict.divergence)
+        return problems
+
+    def raise_if_failed(self) -> None:
+        """:class:`RunFailed` with the summary's reason when :meth:`finish` judged the run failed."""
+        if self.status == FAILED:
+            summary = (self.directory / "summary.txt").read_text()
+            raise RunFailed(f"{summary.splitlines()[0]} (results: {self.directory})")
 
     def _title(self) -> str:
         return f"{self.config.get('algorithm')} on {self.config.get('dataset')}"
@@ -218,6 +312,129 @@ class ResultsWriter:
                 server_round, text = self.failures[phase]
                 line += f"\n{phase} failures (round {server_round}): {text}"
         return line
+
+
+class RunFailed(RuntimeError):
+    """A run that went to its end but trained nothing (:func:`judge_run`); raised by the
+    ServerApp after its results are written, so that the engines report the run as failed."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the recorded rows say of a run: the rounds that trained nothing
+    (:func:`rounds_without_training`) and a divergence that left the final metrics at chance
+    (:func:`divergence`, None when there is none)."""
+
+    rounds_without_training: tuple[int, ...] = ()
+    divergence: str | None = None
+
+    @property
+    def trained_nothing(self) -> bool:
+        """Whether the run should count as failed."""
+        return bool(self.rounds_without_training) or self.divergence is not None
+
+
+def judge_run(rows: Sequence[Mapping[str, Any]], num_classes: int | None = None) -> Verdict:
+    """Judge a run from its metric rows (as ``metrics.json`` holds them)."""
+    return Verdict(tuple(rounds_without_training(rows)), divergence(rows, num_classes))
+
+
+def accepted_replies(row: Mapping[str, Any]) -> int:
+    """The replies a row's aggregation accepted: its ``participants`` (fit and evaluate rows)
+    or ``num_clients`` (any aggregation that summarised replies)."""
+    return int(max(row.get("participants") or 0, row.get("num_clients") or 0))
+
+
+def rounds_without_training(rows: Sequence[Mapping[str, Any]]) -> list[int]:
+    """The rounds in which clients were asked to train and no reply was accepted.
+
+    A round's training phases are its rows other than :data:`EVALUATION_PHASES` (fit, and an
+    algorithm's own exchanges such as FedDAR's head phase). A round counts when at least one of
+    them lost a reply (``num_failures`` or ``num_dropped`` > 0: an error, a rejected reply, no
+    reply in time) and none of them accepted one. A round that sampled nobody (pFedFDA's
+    Bernoulli participation) or trained without the clients is not counted.
+    """
+    lost: dict[int, float] = {}
+    accepted: dict[int, int] = {}
+    for row in rows:
+        if row["phase"] in EVALUATION_PHASES:
+            continue
+        server_round = int(row["round"])
+        lost[server_round] = lost.get(server_round, 0.0) + (row.get("num_failures") or 0) + (row.get("num_dropped") or 0)
+        accepted[server_round] = accepted.get(server_round, 0) + accepted_replies(row)
+    return sorted(r for r in lost if lost[r] > 0 and accepted[r] == 0)
+
+
+def divergence(rows: Sequence[Mapping[str, Any]], num_classes: int | None = None, margin: float = CHANCE_MARGIN) -> str | None:
+    """Why the training diverged and left the final metrics at chance, or None.
+
+    Diverged: a recorded loss (any metric with ``loss`` among the words of its name: training,
+    evaluation, head-phase losses and their statistics) was non-finite (written as null, or
+    counted in ``<loss>_n_nonfinite``) or above :data:`EXPLODED_LOSS`. At chance: the last
+    evaluation's weighted accuracy is at most ``1 / num_classes + margin``; where that cannot
+    be judged (no accuracy, ``num_classes`` unknown), its weighted loss is itself non-finite or
+    exploded, or no evaluation counted at all. A run that diverged and recovered is not
+    reported.
+    """
+    evidence = _loss_blowup(rows)
+    if evidence is None:
+        return None
+    evaluations = [r for r in rows if r["phase"] == "evaluate" and r.get("num_clients")]
+    if not evaluations:
+        return f"training diverged ({evidence}) and no evaluation counted"
+    final = evaluations[-1]
+    accuracy = final.get("accuracy_wmean")
+    if num_classes and isinstance(accuracy, (int, float)):
+        chance = 1.0 / num_classes
+        if accuracy > chance + margin:
+            return None
+        return (f"training diverged ({evidence}) and the final weighted accuracy {accuracy:.4f} (round "
+                f"{final['round']}) is not above chance {chance:.4f} + {margin}")
+    loss = final.get("loss_wmean")
+    if isinstance(loss, (int, float)) and loss <= EXPLODED_LOSS:
+        return None
+    shown = "non-finite" if loss is None else f"{loss:.4g}"
+    return f"training diverged ({evidence}) and the final weighted loss is {shown} (round {final['round']})"
+
+
+def _loss_blowup(rows: Sequence[Mapping[str, Any]]) -> str | None:
+    """The first recorded loss that is non-finite or exploded, in words, or None."""
+    for row in rows:
+        for key, value in row.items():
+            words = key.split("_")
+            if "loss" not in words or is_timing(key):
+                continue
+            where = f"round {row['round']}, {row['phase']}"
+            if key.endswith("_n_nonfinite"):
+                if value:
+                    return f"{where}: {int(value)} client(s) with a non-finite {key[: -len('_n_nonfinite')]}"
+            elif value is None:
+                return f"{where}: {key} non-finite"
+            elif isinstance(value, (int, float)) and not isinstance(value, bool) and value > EXPLODED_LOSS:
+                return f"{where}: {key} = {value:.4g}"
+    return None
+
+
+def _rounds_text(rounds: Sequence[int]) -> str:
+    """``round 3`` or ``rounds 2-4, 7``: consecutive rounds as ranges."""
+    spans: list[list[int]] = []
+    for r in rounds:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+    return f"round{'s' if len(rounds) > 1 else ''} {text}"
+
+
+def read_status(directory: Path) -> dict[str, Any] | None:
+    """A run directory's ``summary.json`` (its status and why), or None when it has none (a
+    run still going, killed, or written before the file existed)."""
+    try:
+        status = json.loads((Path(directory) / STATUS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return status if isinstance(status, dict) else None
 
 
 def is_timing(key: str) -> bool:

@@ -1,4 +1,9 @@
-"""The ServerApp that ``flwr run .`` starts: parse the config, build the strategy, run, write results."""
+"""The ServerApp that ``flwr run .`` starts: parse the config, build the strategy, run, write results.
+
+A run that trained nothing (:func:`~flwr_pfl.app.results.judge_run`) raises
+:class:`~flwr_pfl.app.results.RunFailed` once its results are written, unless
+``fail-on-no-training = false``: an exception is how a ServerApp tells every engine that it failed
+(``flwr run`` then lists the run as ``finished:failed``)."""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from flwr_pfl.app.export import export_global_model, request_client_exports
 from flwr_pfl.app.flavours import RoundServer, flavour  # noqa: F401 - RoundServer stays importable here
 from flwr_pfl.app.nodes import resolve_num_clients
 from flwr_pfl.app.results import ResultsWriter, refuse_existing
+from flwr_pfl.data.vision import VISION_SPECS
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.strategies.base import PFLStrategy
 from flwr_pfl.training import seed_everything, set_num_threads
@@ -145,6 +151,8 @@ def run_server(grid: Grid, context: Context) -> ResultsWriter:
         checkpoint_interval=experiment.run.checkpoint_interval,
         last_round=experiment.run.num_server_rounds,
         resume_from=checkpoint,
+        fail_on_no_training=experiment.run.fail_on_no_training,
+        num_classes=known_num_classes(experiment),
     )
     workers = server_workers(experiment, grid)
     strategy = build_strategy(experiment, writer, workers)
@@ -167,7 +175,16 @@ def run_server(grid: Grid, context: Context) -> ResultsWriter:
         raise
     writer.finish()
     export_global_model(grid, strategy, output, experiment.run.wait_timeout, node_proxy)
+    writer.raise_if_failed()  # a run that trained nothing ends as failed, its results written
     return writer
+
+
+def known_num_classes(experiment: Experiment) -> int | None:
+    """The classes of ``experiment``'s dataset where the server knows them without loading any
+    data (the torchvision datasets), else None: the chance level of
+    :func:`~flwr_pfl.app.results.divergence` is then not used."""
+    spec = VISION_SPECS.get(experiment.data.dataset)
+    return spec.num_classes if spec is not None else None
 
 
 def _finish_after(writer: ResultsWriter, err: Exception) -> None:

@@ -17,6 +17,7 @@ from flwr_pfl.app.client_app import app as client_app
 from flwr_pfl.app.config import parse_experiment
 from flwr_pfl.app.inprocess import InProcessGrid, run_inprocess
 from flwr_pfl.app.registry import ALGORITHMS
+from flwr_pfl.app.results import RunFailed
 from flwr_pfl.app.server_app import app as server_app
 from flwr_pfl.clients import FedGPClient, LocalData
 from flwr_pfl.errors import ConfigError
@@ -226,7 +227,9 @@ def test_target_placement_target_failure_keeps_the_global_model(tmp_path, blobs_
     monkeypatch.setitem(ALGORITHMS, "fedgp", dataclasses.replace(ALGORITHMS["fedgp"], client=_AggregatingTargetFails))
     extra = {"fedgp.placement": "target"}
     run_inprocess(server_app, client_app, N, cfg(tmp_path, blobs_dataset, name="warm", num_server_rounds=1, **extra))
-    run_inprocess(server_app, client_app, N, cfg(tmp_path, blobs_dataset, name="full", num_server_rounds=5, **extra))
+    # the target's failed half-rounds trained nothing: the run ends as failed, its results written
+    with pytest.raises(RunFailed, match=r"rounds 3, 5 \(of 5\) trained nothing.*out of memory while aggregating"):
+        run_inprocess(server_app, client_app, N, cfg(tmp_path, blobs_dataset, name="full", num_server_rounds=5, **extra))
     fits = rows(tmp_path, "full")
     assert [r["num_failures"] for r in fits] == [0.0, 0.0, 1.0, 0.0, 1.0]
     assert [fits[i]["num_sources"] for i in (0, 1, 3)] == [3.0, 3.0, 3.0]

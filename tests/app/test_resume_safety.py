@@ -19,7 +19,7 @@ from flwr_pfl.app.checkpoint import CHECKPOINT_NAME, encode_state, read_checkpoi
 from flwr_pfl.app.client_app import app as client_app
 from flwr_pfl.app.config import parse_experiment
 from flwr_pfl.app.inprocess import InProcessGrid, run_inprocess
-from flwr_pfl.app.results import METRICS_LOG, ResultsWriter
+from flwr_pfl.app.results import METRICS_LOG, ResultsWriter, RunFailed
 from flwr_pfl.app.server_app import app as server_app
 from flwr_pfl.errors import ConfigError
 
@@ -251,8 +251,10 @@ def test_when_every_client_fails_the_summary_says_why(tmp_path, blobs_dataset, m
 
     monkeypatch.setattr(FedAvgClient, "fit", broken)
     monkeypatch.setattr(FedAvgClient, "evaluate", broken)
-    run(config(tmp_path, blobs_dataset, **{"num-server-rounds": 2}))
+    with pytest.raises(RunFailed):  # no round trained: the run ends as failed, its summary written
+        run(config(tmp_path, blobs_dataset, **{"num-server-rounds": 2}))
     summary = (tmp_path / "run" / "summary.txt").read_text()
+    assert summary.startswith("FAILED: rounds 1-2 (of 2) trained nothing")
     assert "no evaluation round completed" in summary
     assert "every client's evaluation failed" in summary
     assert "4 of 4 failed" in summary and "the data on this node is corrupt" in summary

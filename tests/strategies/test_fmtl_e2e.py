@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from flwr_pfl.app.client_app import app as registry_client_app
 from flwr_pfl.app.inprocess import InProcessGrid, run_inprocess
 from flwr_pfl.app.registry import ALGORITHMS
+from flwr_pfl.app.results import RunFailed
 from flwr_pfl.app.server_app import app as registry_server_app
 from flwr_pfl.clients import FedFMTLClient, LocalData, TrainConfig
 from flwr_pfl.core.fmtl import (
@@ -238,8 +239,10 @@ def test_population_policy_runs_on_the_registry(tmp_path, blobs_dataset, recordi
 
 
 def test_client_holding_no_task_is_rejected_in_phase_2(tmp_path, blobs_dataset) -> None:
-    run_inprocess(registry_server_app, registry_client_app, 6,
-                  _config(tmp_path, blobs_dataset, **{"fmtl.min-count": 100000}))
+    # every phase-2 reply is rejected, so rounds 3-4 train nothing and the run ends failed
+    with pytest.raises(RunFailed, match="rounds 3-4 \\(of 4\\) trained nothing"):
+        run_inprocess(registry_server_app, registry_client_app, 6,
+                      _config(tmp_path, blobs_dataset, **{"fmtl.min-count": 100000}))
     fits = _rows(tmp_path)
     assert [r["num_rejected"] for r in fits] == [0.0, 0.0, 3.0, 3.0]  # phase 1 is plain FedAvg
     # and the reason is named
