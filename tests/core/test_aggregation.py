@@ -127,9 +127,28 @@ def test_wrong_number_of_weights_raises(weights):
         weighted_average(_clients(), weights)
 
 
-def test_no_clients_raises():
-    with pytest.raises(ValueError, match="zero clients"):
+def test_no_clients_raises_with_its_exact_message():
+    with pytest.raises(ValueError, match="^cannot average zero clients$"):
         weighted_average([], [])
+
+
+def test_clients_with_no_arrays_average_to_no_arrays():
+    """Local training's replies carry zero arrays; their average is the empty list, not an error."""
+    assert weighted_average([[], [], []], [1, 2, 3]) == []
+
+
+def test_float32_weights_are_normalised_in_float64():
+    """Weights given in float32 (a numpy array of counts) are widened before w / sum(w): the
+    result is bit-identical to the same weights given as Python floats."""
+    clients = [[np.full((4,), v, dtype=np.float64)] for v in (0.1, 0.7, 1.3)]
+    weights = [1.0, 3.0, 7.0]
+    expected = weighted_average(clients, weights)
+    got = weighted_average(clients, np.asarray(weights, dtype=np.float32))
+    np.testing.assert_array_equal(got[0], expected[0])
+    # the float32 normalisation this guards against rounds differently
+    w32 = np.asarray(weights, dtype=np.float32)
+    w32 = w32 / w32.sum()
+    assert float(sum(wk * c[0][0] for wk, c in zip(w32, clients))) != expected[0][0]
 
 
 def test_bit_identical_to_the_plain_float64_sum():

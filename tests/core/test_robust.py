@@ -35,3 +35,53 @@ def test_trimmed_mean_drops_the_extremes_per_coordinate():
     assert ints.dtype == np.int64 and ints[0] == 2  # 1.5 rounds to even
     with pytest.raises(ValueError, match="trim_fraction"):
         trimmed_mean(values, 0.5)
+
+
+def test_update_norm_is_accumulated_in_float64():
+    """Squares of float32 entries above ~1.8e19 overflow float32; the norm is taken in float64."""
+    update = [np.full(4, 1e20, np.float32), np.array([3, 4], np.int64)]  # integer arrays are not counted
+    assert update_norm(update) == pytest.approx(2e20, rel=1e-6)
+
+
+def test_an_update_exactly_at_the_bound_is_returned_as_sent():
+    """norm == max_norm is within the bound: the arrays come back bit for bit (rescaling by 1.0
+    would round: reference + (arrays - reference) is not always arrays in floating point)."""
+    reference = [np.array([0.2, 0.0])]
+    arrays = [np.array([0.9, 0.0])]  # 0.2 + (0.9 - 0.2) == 0.8999999999999999
+    assert not np.array_equal(reference[0] + (arrays[0] - reference[0]), arrays[0])
+    bound = update_norm([arrays[0] - reference[0]])
+    np.testing.assert_array_equal(clip_update(arrays, reference, bound)[0], arrays[0])
+
+
+@pytest.mark.parametrize(
+    "arrays",
+    [
+        [np.zeros(2), np.zeros(3)],  # one array too many
+        [np.zeros(3)],  # same count, another shape
+    ],
+)
+def test_clip_update_refuses_another_layout_with_its_message(arrays):
+    with pytest.raises(ValueError, match="^the reply's arrays do not match the reference layout$"):
+        clip_update(arrays, [np.zeros(2)], 1.0)
+
+
+def test_trimmed_mean_of_no_clients_is_refused_with_its_message():
+    with pytest.raises(ValueError, match="^cannot average zero clients$"):
+        trimmed_mean([], 0.1)
+
+
+def test_trimmed_mean_of_float32_arrays_is_computed_in_float64_and_returned_as_float32():
+    rng = np.random.default_rng(0)
+    values = [[(rng.normal(size=3) * 1000).astype(np.float32)] for _ in range(7)]
+    out = trimmed_mean(values, 0.2)[0]
+    kept = np.sort(np.stack([v[0].astype(np.float64) for v in values]), axis=0)[1:6]
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out, kept.mean(axis=0).astype(np.float32))
+    # a float32 mean rounds differently on these values
+    assert not np.array_equal(np.sort(np.stack([v[0] for v in values]), axis=0)[1:6].mean(axis=0), out)
+
+
+@pytest.mark.parametrize("second", [[np.zeros(3)], [np.zeros(2), np.zeros(1)]])
+def test_trimmed_mean_refuses_another_layout_naming_the_client(second):
+    with pytest.raises(ValueError, match="^client 1's arrays do not match client 0's layout$"):
+        trimmed_mean([[np.zeros(2)], second], 0.0)
