@@ -1,17 +1,19 @@
 """Flower NumPyClients: one per algorithm and baseline."""
 
 from flwr_pfl.clients.base import LocalData, PFLClient, TrainConfig
-from flwr_pfl.clients.fedavg import FedAvgClient, FinetuneClient
+from flwr_pfl.clients.fedavg import FedAvgClient, FedBABUClient, FedProxClient, FedProxFinetuneClient, FinetuneClient
+from flwr_pfl.clients.fedbn import FedBNClient
 from flwr_pfl.clients.fedgp import FedGPClient
 from flwr_pfl.clients.fmtl import FedFMTLClient
-from flwr_pfl.clients.fedrep import FedPerClient, FedRepClient
+from flwr_pfl.clients.fedrep import FedPerClient, FedRepClient, LGFedAvgClient
 from flwr_pfl.clients.local import LocalClient
 from flwr_pfl.clients.pfedfda import PFedFDAClient
 from flwr_pfl.clients.feddar import FedDARClient, ReweightedFedAvgClient, SeparateFedAvgClient
 from flwr_pfl.clients.fedora import FEDORAClient
 
 __all__ = [
-    "FEDORAClient", "FedAvgClient", "FedDARClient", "FedFMTLClient", "FedGPClient", "FedPerClient", "FedRepClient",
-    "FinetuneClient", "LocalClient", "LocalData", "PFLClient", "PFedFDAClient", "ReweightedFedAvgClient",
-    "SeparateFedAvgClient", "TrainConfig",
+    "FEDORAClient", "FedAvgClient", "FedBABUClient", "FedBNClient", "FedDARClient", "FedFMTLClient", "FedGPClient",
+    "FedPerClient", "FedProxClient", "FedProxFinetuneClient", "FedRepClient", "FinetuneClient", "LGFedAvgClient",
+    "LocalClient", "LocalData", "PFLClient", "PFedFDAClient", "ReweightedFedAvgClient", "SeparateFedAvgClient",
+    "TrainConfig",
 ]

@@ -1,4 +1,5 @@
-"""FedRep and FedPer: a shared body (representation) with a personal head per client.
+"""FedRep and FedPer: a shared body (representation) with a personal head per client; LG-FedAvg,
+their mirror: a personal body with a shared head.
 
 Both take the user's own model with its head named, e.g. quickstart-pytorch's ``Net``:
 ``FedRepClient(context, Net(), data, head="fc3")``; ``fc3`` (its module and weights) is the
@@ -48,3 +49,18 @@ class FedRepClient(PFLClient):
             "head_loss": head.loss,
             "train_seconds": head.seconds + body.seconds,
         }
+
+
+class LGFedAvgClient(PFLClient):
+    """LG-FedAvg (Liang et al., 2020, Alg. 1): each client keeps its own local representation
+    (the body, in ``context.state``) and shares the global head; body and head train jointly for
+    ``local_epochs`` epochs and only the head goes back, to be averaged by example count. The
+    mirror of :class:`FedPerClient`, with the same head split
+    (``LGFedAvgClient(context, Net(), data, head="fc3")``).
+
+    The body's BatchNorm statistics are part of the body: they stay on the client.
+    """
+
+    head_requirement = "parameters"
+    shared_group = "heads"
+    personal_group = "body"

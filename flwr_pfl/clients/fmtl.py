@@ -13,6 +13,7 @@ import torch
 
 from flwr_pfl.clients.base import Config, NDArrays, PFLClient, seeded_message
 from flwr_pfl.core.fmtl import Augmentation, HeadLoss, fmtl_per_sample_loss, task_counts, task_statistics
+from flwr_pfl.core.proximal import proximal_regularizer
 from flwr_pfl.models.base import EncoderHeadModel
 from flwr_pfl.training import EvalResult, collect_features, evaluate, get_arrays, load_arrays, read_batch, save_arrays
 
@@ -144,17 +145,9 @@ class FedFMTLClient(PFLClient):
 
     # ---------------------------------------------------------------- hooks
     def _proximal(self, groups: tuple[str, ...]):
-        """(mu/2) ||theta - theta_global||^2 over the trained parameters (FedProx), or None."""
-        if self.prox_mu == 0:
-            return None
-        anchor = {name: p.detach().clone() for name, p in self.model.named_parameters()}
-        mu = self.prox_mu
-
-        def regularizer(model: torch.nn.Module) -> torch.Tensor:
-            terms = [(p - anchor[name]).pow(2).sum() for name, p in model.named_parameters() if p.requires_grad]
-            return 0.5 * mu * torch.stack(terms).sum() if terms else torch.zeros(())
-
-        return regularizer
+        """(mu/2) ||theta - theta_global||^2 over the trained parameters (FedProx, Eq. 2 of Li et
+        al.; :func:`~flwr_pfl.core.proximal.proximal_regularizer`), or None when mu is 0."""
+        return proximal_regularizer(self.model, self.prox_mu)
 
     def local_update(self, config: Config) -> dict[str, float]:
         phase = int(config.get("fmtl-phase", 1))

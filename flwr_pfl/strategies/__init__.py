@@ -3,12 +3,13 @@
 from flwr_pfl.strategies.base import PFLStrategy
 from flwr_pfl.strategies.fedgp import FedDA, FedGP, SourceOnly, TargetOnly
 from flwr_pfl.strategies.fmtl import FedFMTL
-from flwr_pfl.strategies.baselines import FedAvg, FedPer, FedRep, Finetune, Local
+from flwr_pfl.strategies.baselines import FedAvg, FedBABU, FedBN, FedPer, FedProx, FedProxFinetune, FedRep, Finetune, LGFedAvg, Local
 from flwr_pfl.strategies.pfedfda import PFedFDA
 from flwr_pfl.strategies.feddar import FedAvgMultiHead, FedDAR, ReweightedFedAvg, SeparateFedAvg
 from flwr_pfl.strategies.fedora import FEDORA
 
 __all__ = [
-    "FEDORA", "FedAvg", "FedAvgMultiHead", "FedDA", "FedDAR", "FedFMTL", "FedGP", "FedPer", "FedRep", "Finetune",
-    "Local", "PFLStrategy", "PFedFDA", "ReweightedFedAvg", "SeparateFedAvg", "SourceOnly", "TargetOnly",
+    "FEDORA", "FedAvg", "FedAvgMultiHead", "FedBABU", "FedBN", "FedDA", "FedDAR", "FedFMTL", "FedGP", "FedPer",
+    "FedProx", "FedProxFinetune", "FedRep", "Finetune", "LGFedAvg", "Local", "PFLStrategy", "PFedFDA",
+    "ReweightedFedAvg", "SeparateFedAvg", "SourceOnly", "TargetOnly",
 ]

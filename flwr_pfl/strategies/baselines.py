@@ -1,7 +1,9 @@
-"""Strategies of the baselines: FedAvg, Local, FedAvg + fine-tuning, FedRep, FedPer.
+"""Strategies of the baselines: FedAvg, Local, FedAvg + fine-tuning, FedRep, FedPer, FedProx,
+FedProx + fine-tuning, FedBN, LG-FedAvg, FedBABU.
 
 All of them aggregate with FedAvg's weighted average; they differ in what crosses the wire,
-which the paired client decides (whole model, body only, or nothing).
+which the paired client decides (whole model, body only, head only, everything but the
+normalisation layers, or nothing).
 """
 
 from __future__ import annotations
@@ -24,6 +26,35 @@ class Finetune(PFLStrategy):
     name = "finetune"
 
 
+class FedProx(PFLStrategy):
+    """FedProx (Li et al., MLSys 2020, Alg. 2): sample-weighted average of the whole model
+    (wire: all arrays). The proximal term of Eq. 2 is the client's; the server is FedAvg's."""
+
+    name = "fedprox"
+
+
+class FedProxFinetune(PFLStrategy):
+    """FedProx + local fine-tuning at evaluation (wire: all arrays; proximal training and
+    fine-tuning are client-side)."""
+
+    name = "fedprox-ft"
+
+
+class FedBN(PFLStrategy):
+    """FedBN (Li et al., ICLR 2021, Alg. 1): sample-weighted average of every layer except the
+    normalisation layers (wire: the arrays outside them; they stay on the clients)."""
+
+    name = "fedbn"
+
+
+class FedBABU(PFLStrategy):
+    """FedBABU (Oh et al., ICLR 2022, Alg. 1): sample-weighted average of the whole model (wire:
+    all arrays). The clients never train the head, so its average is the initial head; the
+    whole-model fine-tuning before evaluation is client-side."""
+
+    name = "fedbabu"
+
+
 class FedRep(PFLStrategy):
     """FedRep: sample-weighted average of the body (wire: body arrays; heads stay on clients)."""
 
@@ -34,6 +65,13 @@ class FedPer(PFLStrategy):
     """FedPer: sample-weighted average of the body (wire: body arrays; heads stay on clients)."""
 
     name = "fedper"
+
+
+class LGFedAvg(PFLStrategy):
+    """LG-FedAvg (Liang et al., 2020, Alg. 1): sample-weighted average of the global head
+    (wire: head arrays; each client's local representation, the body, stays on it)."""
+
+    name = "lg-fedavg"
 
 
 class Local(PFLStrategy):

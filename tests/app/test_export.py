@@ -27,9 +27,10 @@ from flwr_pfl.training import group_keys, load_arrays
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "export.md"
 ROUNDS = 3
 #: what each algorithm's clients keep for themselves (the rest export nothing personal)
-PERSONAL = {"local": "all", "fedora": "all", "finetune": "all", "fedrep": "heads", "fedper": "heads", "pfedfda": "heads"}
+PERSONAL = {"local": "all", "fedora": "all", "finetune": "all", "fedprox-ft": "all", "fedbabu": "all", "fedrep": "heads", "fedper": "heads",
+            "pfedfda": "heads", "lg-fedavg": "body"}
 #: what model.pt holds: the whole model unless listed (None: no global model, no model.pt)
-GLOBAL = {"local": None, "fedora": None, "fedrep": "body", "fedper": "body", "pfedfda": "body"}
+GLOBAL = {"local": None, "fedora": None, "fedrep": "body", "fedper": "body", "pfedfda": "body", "lg-fedavg": "heads"}
 DOMAIN_FAMILY = ("feddar", "feddar-sa", "feddar-wa", "separate-fedavg", "fedavg-rw", "fedavg-mh")
 TARGET_FAMILY = ("fedgp", "fedda", "target-only", "source-only")
 
@@ -130,7 +131,7 @@ def test_the_exported_models_are_the_final_ones(tmp_path, dataset, algorithm, mo
             record = json.loads((out / "clients" / f"{pid}.json").read_text())
             assert record["round"] == ROUNDS and record["keys"] == list(personal)
             assert record["metrics"]["loss"] == reported[pid]["loss"]
-            if algorithm in ("local", "fedora", "fedrep", "fedper"):  # the part kept across rounds
+            if algorithm in ("local", "fedora", "fedrep", "fedper", "lg-fedavg"):  # the part kept across rounds
                 stored = load_arrays(context.state, PFLClient.PERSONAL_KEY)
                 if stored is None:  # never sampled to train: its part is still the initial one
                     stored = [t.numpy() for t in client.personal_state().values()]
@@ -139,7 +140,7 @@ def test_the_exported_models_are_the_final_ones(tmp_path, dataset, algorithm, mo
         result = evaluate_exported(client, algorithm, {**global_state, **personal})
         assert result.loss == reported[pid]["loss"], (pid, result.loss, reported[pid]["loss"])
         assert result.accuracy == reported[pid]["accuracy"]
-    if algorithm == "finetune":  # the fine-tuned copy, not the global model, was exported
+    if algorithm in ("finetune", "fedprox-ft", "fedbabu"):  # the fine-tuned copy, not the global model, was exported
         tuned = torch.load(out / "clients" / "0.pt", weights_only=True)
         assert any(not torch.equal(tuned[k], global_state[k]) for k in tuned)
 

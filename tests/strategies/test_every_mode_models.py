@@ -55,7 +55,9 @@ class Case:
             ``sources-mean`` (the example-weighted mean of the source clients' replies, the
             target's left out), ``target`` (the target's reply), ``per-domain-mean`` (model m:
             the mean weighted by each client's samples of domain m), ``propagated`` (client k
-            receives sum_j P[k, j] theta_j, P the propagation matrix) or ``never-sent``.
+            receives sum_j P[k, j] theta_j, P the propagation matrix), ``never-sent`` (nothing
+            crosses the wire) or ``kept-local`` (the rest of the model crosses the wire, the
+            normalisation layers never do: each client's statistics are its own).
         personal_head: each client ends with its own head (else the server's one head).
         head_on_wire: the user's head tensors are among the arrays exchanged.
         evaluation_draws: why evaluation legitimately draws from torch's generator (then the
@@ -75,6 +77,11 @@ CASES: dict[str, Case] = {
     "finetune": Case({"epochs": 2}, evaluation_draws="it fine-tunes a copy on shuffled batches first"),
     "fedrep": Case({"head_epochs": 2}, personal_head=True, head_on_wire=False),
     "fedper": Case(personal_head=True, head_on_wire=False),
+    "fedprox": Case({"mu": 0.3}),
+    "fedbn": Case(buffers="kept-local"),
+    "lg-fedavg": Case(buffers="kept-local"),
+    "fedbabu": Case({"finetune_epochs": 2}, evaluation_draws="it fine-tunes a copy on shuffled batches first"),
+    "fedprox-ft": Case({"mu": 0.3, "epochs": 2}, evaluation_draws="it fine-tunes a copy on shuffled batches first"),
     "feddar": Case({"head_epochs": 1, "rep_epochs": 2, "sa_weighting": "client_count"}),
     "feddar-sa": Case({"head_epochs": 1}),
     "feddar-wa": Case({"head_epochs": 2, "head_lr_scale": 0.5}),
@@ -295,8 +302,9 @@ def test_num_batches_tracked_stays_an_integer_on_every_array_that_crosses_the_wi
     run = federation(name, model)
     case = case_of(name)
     positions = wire_index(run, "num_batches_tracked")
-    if case.buffers == "never-sent":
-        assert positions == [] and all(not m.received for m in run.messages)
+    if case.buffers in ("never-sent", "kept-local"):
+        assert positions == []
+        assert all(not m.received for m in run.messages) or case.buffers == "kept-local"
         net, _ = run.clients[0]
         assert net.state_dict()[[k for k in net.state_dict() if k.endswith("num_batches_tracked")][0]].dtype == torch.int64
         return
@@ -333,11 +341,13 @@ def test_the_server_combines_the_batchnorm_running_statistics_as_the_algorithm_s
     Local sends nothing: each client's step counter has counted every one of its own steps."""
     run = federation(name, model)
     case = case_of(name)
-    if case.buffers == "never-sent":  # Local: the statistics are the client's; kept across rounds
+    if case.buffers in ("never-sent", "kept-local"):  # Local, FedBN: the statistics are the client's, kept
         for pid, (net, client) in run.clients.items():
             counter = [v for k, v in net.state_dict().items() if k.endswith("num_batches_tracked")][0]
             steps_per_round = -(-TRAIN_SIZES[pid] // 8) * client.train_config.local_epochs
             assert int(counter) == ROUNDS * steps_per_round, pid
+        means = [[v for k, v in net.state_dict().items() if k.endswith("running_mean")][0] for net, _ in run.clients.values()]
+        assert not torch.allclose(means[0], means[1]) and not torch.allclose(means[1], means[2])
         return
     checked = 0
     for suffix in ("running_mean", "running_var", "num_batches_tracked"):
