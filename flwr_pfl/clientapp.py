@@ -68,15 +68,17 @@ def array_names(client: MessageClient) -> list[str] | None:
 
 
 def train_reply(client: MessageClient, message: Message) -> Message:
-    """The reply to a ``train`` message: ``client.fit`` on the message's arrays and config."""
-    arrays, config = messages.read_request(message.content)
+    """The reply to a ``train`` message: ``client.fit`` on the message's arrays (read by the
+    client's wire names, :func:`~flwr_pfl.messages.arrays_in_wire_order`) and config."""
+    arrays, config = messages.read_request(message.content, array_names(client))
     new_arrays, num_examples, metrics = client.fit(arrays, config)
     return Message(messages.train_reply_content(new_arrays, num_examples, metrics, array_names(client)), reply_to=message)
 
 
 def evaluate_reply(client: MessageClient, message: Message) -> Message:
-    """The reply to an ``evaluate`` message: ``client.evaluate`` on its arrays and config."""
-    arrays, config = messages.read_request(message.content)
+    """The reply to an ``evaluate`` message: ``client.evaluate`` on its arrays (read by the
+    client's wire names) and config."""
+    arrays, config = messages.read_request(message.content, array_names(client))
     loss, num_examples, metrics = client.evaluate(arrays, config)
     return Message(messages.metrics_content(num_examples, metrics, loss=loss), reply_to=message)
 

@@ -14,7 +14,10 @@ A client's metrics that are not numbers (a reason string, a flag) travel in a Co
 ``"info"`` beside the MetricRecord, which holds numbers only; :func:`read_metrics` merges them
 back. Arrays keep their order: an ArrayRecord is ordered, and the order is the protocol (the
 round logic addresses arrays by position); the names label them (the model's ``state_dict``
-names where the sender knows them, else ``"0"``, ``"1"``, ...).
+names where the sender knows them, else ``"0"``, ``"1"``, ...). A reader that knows the wire's
+names (:func:`arrays_in_wire_order`) reads a named record by name: a record from a sender that
+orders its arrays otherwise (another tool, a user's own ClientApp) reaches the round logic and
+the clients in wire order, and one whose names are not the wire's is refused, naming them.
 """
 
 from __future__ import annotations
@@ -52,6 +55,48 @@ def unpack_arrays(record: ArrayRecord) -> list[np.ndarray]:
     return record.to_numpy_ndarrays()
 
 
+def is_positional(record: ArrayRecord) -> bool:
+    """Whether ``record``'s names are its positions (``"0"``, ``"1"``, ...): nothing to read by name."""
+    return list(record.keys()) == [str(i) for i in range(len(record))]
+
+
+def _shown(names: Sequence[str], limit: int = 8) -> str:
+    """``names`` for a message: the first ``limit`` of them, quoted."""
+    return "[" + ", ".join(repr(n) for n in names[:limit]) + (", ..." if len(names) > limit else "") + "]"
+
+
+def arrays_in_wire_order(record: ArrayRecord, names: Sequence[str] | None) -> list[np.ndarray]:
+    """The arrays of ``record`` in wire order: read by name when the reader knows the wire's
+    ``names`` and the record is named, else in the record's own order.
+
+    A record named by position (``"0"``, ``"1"``, ...: a sender that does not name its arrays),
+    or read without ``names`` (the reader does not know them), is taken in its order; one named
+    exactly ``names`` in that order too (the usual case, read as :func:`unpack_arrays` reads it).
+    A record holding the same names in another order is put back in the order of ``names``: the
+    names say which array is which, and reading by position would hand the round logic or the
+    client a weight where another belongs (same shapes slip through every later check).
+
+    Raises:
+        MessageContentError: the record is named, but its names are not ``names``: those it
+            lacks and those it has beyond them are named.
+    """
+    if names is None or is_positional(record):
+        return unpack_arrays(record)
+    names = list(names)
+    keys = list(record.keys())
+    if keys == names:
+        return unpack_arrays(record)
+    missing = [name for name in names if name not in record]
+    extra = [key for key in keys if key not in set(names)]
+    if missing or extra or len(keys) != len(names):
+        raise MessageContentError(
+            f"the ArrayRecord {ARRAYS!r} is named, but not with the wire's {len(names)} array names: it lacks "
+            f"{len(missing)} ({_shown(missing) if missing else 'none'}) and has {len(extra)} the wire does not carry "
+            f"({_shown(extra) if extra else 'none'}); name the arrays as the model's state_dict does, or by position"
+        )
+    return [record[name].numpy() for name in names]
+
+
 def _split_scalars(values: Mapping[str, Scalar]) -> tuple[dict[str, int | float], dict[str, Scalar]]:
     numbers: dict[str, int | float] = {}
     other: dict[str, Scalar] = {}
@@ -68,9 +113,14 @@ def request_content(arrays: Sequence[np.ndarray], config: Mapping[str, Scalar], 
     return RecordDict({ARRAYS: pack_arrays(arrays, names), CONFIG: ConfigRecord(dict(config))})
 
 
-def read_request(content: RecordDict) -> tuple[list[np.ndarray], dict[str, Scalar]]:
-    """The arrays and config of a request (no arrays: an empty list)."""
-    arrays = unpack_arrays(content.array_records[ARRAYS]) if ARRAYS in content.array_records else []
+def read_request(content: RecordDict, names: Sequence[str] | None = None) -> tuple[list[np.ndarray], dict[str, Scalar]]:
+    """The arrays and config of a request (no arrays: an empty list); the arrays in the order of
+    the wire's ``names`` when the client knows them (:func:`arrays_in_wire_order`).
+
+    Raises:
+        MessageContentError: the arrays are named, but not with ``names``.
+    """
+    arrays = arrays_in_wire_order(content.array_records[ARRAYS], names) if ARRAYS in content.array_records else []
     config = dict(content.config_records[CONFIG]) if CONFIG in content.config_records else {}
     return arrays, config
 
@@ -135,10 +185,17 @@ def read_evaluate_reply(content: RecordDict) -> tuple[float, int, dict[str, Scal
     return loss, num_examples, metrics
 
 
-def read_train_reply(content: RecordDict) -> tuple[list[np.ndarray], int, dict[str, Scalar]]:
-    """``(arrays, num_examples, metrics)`` of a ``train`` reply (no ArrayRecord: no arrays)."""
+def read_train_reply(content: RecordDict, names: Sequence[str] | None = None) -> tuple[list[np.ndarray], int, dict[str, Scalar]]:
+    """``(arrays, num_examples, metrics)`` of a ``train`` reply (no ArrayRecord: no arrays); the
+    arrays in the order of the wire's ``names`` when the server knows them
+    (:func:`arrays_in_wire_order`).
+
+    Raises:
+        MessageContentError: as :func:`read_metrics`, or the arrays are named, but not with
+            ``names``.
+    """
     num_examples, metrics = read_metrics(content)
-    arrays = unpack_arrays(content.array_records[ARRAYS]) if ARRAYS in content.array_records else []
+    arrays = arrays_in_wire_order(content.array_records[ARRAYS], names) if ARRAYS in content.array_records else []
     return arrays, num_examples, metrics
 
 

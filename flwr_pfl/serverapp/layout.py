@@ -21,16 +21,11 @@ from flwr.app import ArrayRecord
 
 from flwr_pfl.clients.base import EXTRA_SEPARATOR, WIRE_LAYOUT
 from flwr_pfl.errors import ConfigError
-from flwr_pfl.messages import unpack_arrays
+from flwr_pfl.messages import is_positional, unpack_arrays
 from flwr_pfl.models.split import HeadSplit
 
 #: ``(name, shape)`` of each wire array, in order
 Layout = list[tuple[str, tuple[int, ...]]]
-
-
-def is_positional(record: ArrayRecord) -> bool:
-    """Whether ``record``'s names are its positions (``"0"``, ``"1"``, ...)."""
-    return list(record.keys()) == [str(i) for i in range(len(record))]
 
 
 def parse_layout(properties: dict) -> Layout:

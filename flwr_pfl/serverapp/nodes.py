@@ -121,9 +121,10 @@ class MessageNode(ClientProxy):
 
     # ------------------------------------------------------------------ replies
     def fit_res(self, content: RecordDict) -> FitRes:
-        """A ``train`` reply's content as FitRes (raises
-        :class:`~flwr_pfl.messages.MessageContentError` when it is malformed)."""
-        arrays, num_examples, metrics = messages.read_train_reply(content)
+        """A ``train`` reply's content as FitRes, its arrays read by the wire's names when known
+        (raises :class:`~flwr_pfl.messages.MessageContentError` when it is malformed, or named
+        with other names than the wire's)."""
+        arrays, num_examples, metrics = messages.read_train_reply(content, self.wire_names())
         return FitRes(_OK, ndarrays_to_parameters(arrays), num_examples, metrics)
 
     def evaluate_res(self, content: RecordDict) -> EvaluateRes:

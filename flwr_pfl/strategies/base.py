@@ -84,7 +84,8 @@ class PFLStrategy(FedAvg):
       clients connected at that moment: fewer than ``num_clients`` lets rounds go on while
       nodes leave and join (a node that joins late is asked for its partition id and sampled
       from then on; one that left is no longer offered by Flower's client manager).
-    * ``min_evaluate_clients``: the least clients an evaluation round samples.
+    * ``min_evaluate_clients``: the least clients an evaluation round samples; with fewer
+      connected, the round's evaluation is skipped (a warning), as for ``min_fit_clients``.
     * ``initial_parameters``: Flower ``Parameters``, the same as ``initial_arrays``.
     * ``inplace``: accepted for compatibility; it changes nothing here (the suite aggregates
       with its own order-fixed weighted average).
@@ -92,12 +93,18 @@ class PFLStrategy(FedAvg):
     Args:
         num_clients: clients expected in the federation (partition ids 0 .. num_clients - 1).
         fraction_fit / fraction_evaluate: fraction of clients sampled per round.
-        min_fit_clients: a round needs at least this many sampled clients.
+        min_fit_clients: a round samples at least this many clients for training (capped at
+            ``num_clients``); with fewer connected (possible when ``min_available_clients`` is
+            lower) the round's training is skipped with a warning, as in Flower's FedAvg
+            (its client manager refuses a sample larger than the clients available).
         initial_arrays: the starting global arrays; None (and no ``initial_parameters``) asks
             one client for them.
         fit_config: scalars added to every fit instruction (``server-round`` is always added);
             ``on_fit_config_fn``'s keys win over these.
-        on_round: called after each fit and evaluate aggregation (results writers hook in here).
+        on_round: called after each fit and evaluate aggregation (results writers hook in here)
+            with the per-client metrics keyed by partition id; a reply whose partition id is
+            unknown (a client that reports none) is counted in the row's ``participants`` and
+            listed as ``node-<id>`` in ``participant_ids``, but has no per-client entry.
         wait_timeout: seconds to wait for ``min_available_clients`` clients before giving up with
             a message that names the numbers.
         seed: seeds client sampling (:mod:`flwr_pfl.strategies.sampling`): the same seed
@@ -252,6 +259,9 @@ class PFLStrategy(FedAvg):
         self.global_arrays: NDArrays | None = initial_arrays
         self.round_offset = 0  # rounds completed before a resume
         self.partition_of: dict[str, int] = {}  # cid -> partition id, learned from replies
+        #: (phase, round, [(node id, partition id or None)]) of the accepted replies of the base
+        #: class's latest aggregation, read once by :meth:`_participation`
+        self._replied: tuple[str, int, list[tuple[str, int | None]]] | None = None
 
     def __setattr__(self, name: str, value: Any) -> None:
         """Check hooks whenever they are set (constructor or attribute, as Flower users do), and
@@ -408,12 +418,25 @@ class PFLStrategy(FedAvg):
     def _sample(
         self, client_manager: ClientManager, server_round: int, fraction: float, min_clients: int, stage: str = "fit"
     ) -> list[ClientProxy]:
-        """``max(fraction * K, min_clients)`` of the K connected clients, the same ones in every
-        rerun: drawn by partition id from the round's own seeded generator
-        (:func:`~flwr_pfl.strategies.sampling.sampling_rng`), never from Python's ``random``."""
+        """``max(int(fraction * K), min_clients)`` of the K connected clients, the same ones in
+        every rerun: drawn by partition id from the round's own seeded generator
+        (:func:`~flwr_pfl.strategies.sampling.sampling_rng`), never from Python's ``random``.
+
+        Fewer than ``min_clients`` connected (``min_fit_clients`` / ``min_evaluate_clients``, at
+        most ``num_clients``): nobody is sampled and the round's training (or evaluation) is
+        skipped, with a warning naming the numbers, as Flower's FedAvg does (its client
+        manager's sample fails and the server cancels the round)."""
+        self._sampled_nodes.pop(stage, None)
         self.wait_for_clients(client_manager)
         available = client_manager.num_available()
-        size = min(max(int(available * fraction), min_clients), available)
+        least = min(min_clients, self.num_clients)
+        if available < least:
+            what = "min_fit_clients" if stage == "fit" else "min_evaluate_clients" if stage == "evaluate" else "min_clients"
+            log(WARNING, "round %d: %s: only %d clients connected, fewer than %s=%d: the %s step of this round is "
+                "skipped (lower %s to go on with fewer clients)", self.round_offset + server_round, stage, available,
+                what, least, stage, what)
+            return []
+        size = min(max(int(available * fraction), least), available)
         if size >= available and not self.needs_partition_ids:
             clients = list(client_manager.all().values())  # everyone: no need to know who is who
             sampled = sorted(clients, key=lambda p: (self.partition_of.get(p.cid, -1), p.cid))
@@ -574,7 +597,10 @@ class PFLStrategy(FedAvg):
         )
         metrics |= self._user_metrics("fit_metrics_aggregation_fn", [(r.num_examples, dict(r.metrics)) for r in replies])
         metrics["aggregate_seconds"] = time.perf_counter() - start
-        self._notify(server_round, "fit", metrics, {r.partition_id: r.metrics for r in replies})
+        who = [(r.cid, self.reply_partition(r.cid, r.partition_id)) for r in replies]
+        clients = {pid: r.metrics for (_, pid), r in zip(who, replies) if pid is not None}
+        self._replied = ("fit", server_round, who)
+        self._notify(server_round, "fit", metrics, clients)
         return ndarrays_to_parameters(arrays), metrics
 
     def fit_metric_keys(self, replies: list[ClientReply]) -> list[str]:
@@ -611,7 +637,10 @@ class PFLStrategy(FedAvg):
         metrics |= aggregate_client_metrics(per_client)
         loss = metrics.get("loss_wmean")
         metrics |= self._user_metrics("evaluate_metrics_aggregation_fn", [(r.num_examples, dict(r.metrics)) for _, r in valid])
-        clients = {int(r.metrics.get("partition_id", -1)): {**r.metrics, "loss": r.loss, "num_examples": r.num_examples} for _, r in valid}
+        who = [(proxy.cid, self.reply_partition(proxy.cid, _partition_id(dict(r.metrics)))) for proxy, r in valid]
+        clients = {pid: {**r.metrics, "loss": r.loss, "num_examples": r.num_examples}
+                   for (_, pid), (_, r) in zip(who, valid) if pid is not None}
+        self._replied = ("evaluate", server_round, who)
         self._notify(server_round, "evaluate", metrics, clients)
         log(INFO, "round %d: %s", server_round, _headline(metrics))
         return loss, metrics
@@ -622,16 +651,45 @@ class PFLStrategy(FedAvg):
         if self.on_round is not None:
             self.on_round(self.round_offset + server_round, phase, metrics, clients)
 
+    def reply_partition(self, cid: str, reported: int | None) -> int | None:
+        """The partition id a reply from node ``cid`` is recorded under: the one it reports (>= 0),
+        else the one learned for its node, else None (a client from outside the suite, e.g. a
+        Flower user's own NumPyClient, that never says: it is then known by its node id)."""
+        if reported is not None and reported >= 0:
+            return reported
+        return self.partition_of.get(cid)
+
     def _participation(self, server_round: int, phase: str, clients: dict[int, dict[str, Scalar]]) -> dict[str, Any]:
-        """Who took part in this aggregation (partition ids of the accepted replies) and who was
-        sampled but dropped (no reply in time, left, an error, a rejected reply); the dropped
-        ones are logged by partition id, or by node id when their partition is unknown."""
-        taken = " ".join(str(pid) for pid in sorted(pid for pid in clients if pid >= 0))
-        out: dict[str, Any] = {"participants": float(len(clients)), "participant_ids": taken}
+        """Who took part in this aggregation and who was sampled but dropped (no reply in time,
+        left, an error, a rejected reply).
+
+        The base class's aggregations name each accepted reply by its node id and partition id
+        (None where unknown), so that replies without a partition id count once each and their
+        nodes are not taken for dropped; they are listed as ``node-<id>``. An aggregation of a
+        subclass that records only ``clients`` (partition id -> metrics) is judged by those
+        partition ids. The dropped ones are logged by partition id, or by node id when their
+        partition is unknown."""
+        replied = self._replied
+        self._replied = None
+        if replied is not None and replied[:2] == (phase, server_round):
+            who = replied[2]
+        else:
+            who = [(None, pid) for pid in clients]
+        known = sorted(pid for _, pid in who if pid is not None and pid >= 0)
+        unknown = sorted(str(cid) for cid, pid in who if cid is not None and (pid is None or pid < 0))
+        taken = " ".join([*(str(pid) for pid in known), *(_who(cid, None) for cid in unknown)])
+        out: dict[str, Any] = {"participants": float(len(who)), "participant_ids": taken}
         sampled = self._sampled_nodes.pop(phase, None)
         if sampled is None:  # this aggregation did not follow a sample of the base class
             return out
-        dropped = [(self.partition_of.get(cid), cid) for cid in sampled if self.partition_of.get(cid) not in clients]
+        replied_nodes = {cid for cid, _ in who if cid is not None}
+        replied_partitions = set(known)
+
+        def answered(cid: str) -> bool:
+            partition = self.partition_of.get(cid)
+            return cid in replied_nodes or (partition is not None and partition in replied_partitions)
+
+        dropped = [(self.partition_of.get(cid), cid) for cid in sampled if not answered(cid)]
         dropped.sort(key=lambda d: (d[0] is None, d[0] or 0, d[1]))
         out["num_dropped"] = float(len(dropped))
         out["dropped_ids"] = " ".join(_who(cid, partition) for partition, cid in dropped)
@@ -654,11 +712,62 @@ class PFLStrategy(FedAvg):
         }
 
     def load_state_dict(self, state: dict[str, Any], rounds_done: int) -> None:
-        """Resume from :meth:`state_dict`; the next round is numbered ``rounds_done + 1``."""
-        self.global_arrays = [np.asarray(a) for a in state["global_arrays"]]
+        """Resume from :meth:`state_dict`; the next round is numbered ``rounds_done + 1``.
+
+        The state is checked before anything is loaded (:meth:`check_loaded_state`), so that a
+        checkpoint of another model, or a damaged one whose archive still reads, is refused with
+        its cause instead of being sent to every client, each of which then fails.
+        """
+        arrays = self.check_loaded_state(state, rounds_done)
+        try:
+            partition_of = {str(cid): int(pid) for cid, pid in state.get("partition_of", {}).items()}
+        except (AttributeError, TypeError, ValueError) as err:
+            raise ConfigError(f"the checkpoint's partition_of is not a map of node ids to partition ids: {err}") from None
+        self.global_arrays = arrays
         self.initial_parameters = ndarrays_to_parameters(self.global_arrays)
         self.round_offset = rounds_done
-        self.partition_of = {str(cid): int(pid) for cid, pid in state.get("partition_of", {}).items()}
+        self.partition_of = partition_of
+
+    def check_loaded_state(self, state: dict[str, Any], rounds_done: int) -> NDArrays:
+        """The global arrays of ``state``, once checked against this strategy.
+
+        ``rounds_done`` must be an integer >= 0; every global array must hold finite values only
+        (a checkpoint is written after an aggregation that accepted finite replies only); and
+        where this strategy already holds global arrays (its ``initial_arrays``: the model it
+        was built for) the state's must match them in number, and each in shape and dtype.
+
+        Raises:
+            ConfigError: naming the entry (``global_arrays[i]``, a checkpoint's ``global_<i>``),
+                what was expected and what was found; nothing is loaded.
+        """
+        if isinstance(rounds_done, bool) or not isinstance(rounds_done, (int, np.integer)) or rounds_done < 0:
+            raise ConfigError(f"the checkpoint's rounds_done is {rounds_done!r}: a resume needs the number of rounds done, "
+                              "an integer >= 0")
+        if "global_arrays" not in state:
+            raise ConfigError("the checkpoint's state has no global_arrays: it was not written by a flwr_pfl strategy")
+        arrays = [np.asarray(a) for a in state["global_arrays"]]
+        for i, array in enumerate(arrays):
+            entry = f"global_arrays[{i}] (checkpoint entry global_{i})"
+            if array.dtype == object:
+                raise ConfigError(f"the checkpoint's {entry} holds Python objects, not numbers")
+            if (np.issubdtype(array.dtype, np.inexact)) and not np.all(np.isfinite(array)):
+                bad = int(np.size(array) - np.count_nonzero(np.isfinite(array)))
+                raise ConfigError(f"the checkpoint's {entry} holds {bad} non-finite value(s) (NaN or Inf): a damaged or "
+                                  "foreign checkpoint; resume from another one or start the run anew")
+        current = self.global_arrays
+        if current is not None:
+            if len(arrays) != len(current):
+                raise ConfigError(f"the checkpoint holds {len(arrays)} global arrays but the strategy's model has "
+                                  f"{len(current)}: it was written for another model or algorithm; resume with the "
+                                  "model and algorithm it was written with")
+            for i, (array, own) in enumerate(zip(arrays, current)):
+                if array.shape != np.shape(own) or array.dtype != np.asarray(own).dtype:
+                    raise ConfigError(
+                        f"the checkpoint's global_arrays[{i}] (checkpoint entry global_{i}) is {array.dtype}{array.shape}, "
+                        f"but the model's global array {i} is {np.asarray(own).dtype}{np.shape(own)}: the checkpoint "
+                        "does not match the model; resume with the model it was written with"
+                    )
+        return arrays
 
 
 def _partition_id(answer: dict[str, Scalar] | BaseException) -> int | None:

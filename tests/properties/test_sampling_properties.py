@@ -5,9 +5,11 @@ Generated: the federation's size, which partitions are connected (and under whic
 ``fraction_fit`` / ``fraction_evaluate``, ``min_fit_clients`` / ``min_evaluate_clients``,
 ``min_available_clients``, the seed and the round. The documented rule
 (``PFLStrategy._sample``): after waiting for ``min_available_clients`` connected clients, a round
-samples ``min(max(int(K * fraction), min_clients), K)`` of the K connected clients, drawn by
-partition id from a generator of (seed, stage, round) alone; fewer than
-``min_available_clients`` connected stops the round with a RuntimeError naming the numbers.
+samples ``max(int(K * fraction), min_clients)`` of the K connected clients (``min_clients`` capped
+at ``num_clients``), drawn by partition id from a generator of (seed, stage, round) alone; with
+fewer than ``min_clients`` connected it samples nobody (the step is skipped, as Flower's FedAvg
+skips it); fewer than ``min_available_clients`` connected stops the round with a RuntimeError
+naming the numbers.
 """
 
 from __future__ import annotations
@@ -51,9 +53,10 @@ class Federation:
         return FedAvg(**(kwargs | overrides))
 
     def expected_size(self) -> int:
-        """The documented sample size over the connected clients."""
-        k = len(self.connected)
-        return min(max(int(k * self.fraction), min(self.min_clients, self.num_clients)), k)
+        """The documented sample size over the connected clients: none when fewer than
+        ``min_clients`` (capped at ``num_clients``) are connected."""
+        k, least = len(self.connected), min(self.min_clients, self.num_clients)
+        return 0 if k < least else max(int(k * self.fraction), least)
 
 
 @st.composite
@@ -82,21 +85,25 @@ def sampled_partitions(instructions) -> list[int]:
 
 @settings(max_examples=80)
 @given(federations())
-def test_fit_sample_has_the_documented_size_and_never_fewer_than_min_fit_clients_when_available(fed: Federation) -> None:
-    """``min(max(int(K * fraction_fit), min_fit_clients), K)`` clients, so never fewer than
-    ``min_fit_clients`` while at least that many are connected."""
+def test_fit_sample_has_the_documented_size_and_never_fewer_than_min_fit_clients(fed: Federation) -> None:
+    """``max(int(K * fraction_fit), min_fit_clients)`` clients while at least ``min_fit_clients``
+    are connected; none (the round's training is skipped) while fewer are: a round never trains
+    on fewer than ``min_fit_clients``."""
     chosen = sampled_partitions(fed.strategy().configure_fit(fed.server_round, PARAMETERS, fed.manager()))
     assert len(chosen) == fed.expected_size()
     wanted = min(fed.min_clients, fed.num_clients)
     if len(fed.connected) >= wanted:
         assert len(chosen) >= wanted
+    else:
+        assert chosen == []
 
 
 @settings(max_examples=60)
 @given(federations())
 def test_evaluate_sample_has_the_documented_size(fed: Federation) -> None:
-    """``configure_evaluate`` samples ``min(max(int(K * fraction_evaluate), min_evaluate_clients), K)``
-    clients, and none when ``fraction_evaluate = 0`` (evaluation off)."""
+    """``configure_evaluate`` samples ``max(int(K * fraction_evaluate), min_evaluate_clients)``
+    clients, none while fewer than ``min_evaluate_clients`` are connected, and none when
+    ``fraction_evaluate = 0`` (evaluation off)."""
     chosen = sampled_partitions(fed.strategy().configure_evaluate(fed.server_round, PARAMETERS, fed.manager()))
     assert len(chosen) == (0 if fed.fraction == 0.0 else fed.expected_size())
 

@@ -24,7 +24,7 @@ import torch
 from flwr.app import Array, ArrayRecord, Context, RecordDict
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
-from hypothesis import Phase, assume, given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -168,10 +168,7 @@ def test_a_record_named_in_another_order_is_mapped_back_to_wire_order_by_name(al
     assert_identical(messages.unpack_arrays(returned), arrays)
 
 
-@pytest.mark.xfail(strict=True, reason="a train reply's arrays are read by position (messages.read_train_reply via "
-                   "MessageNode.fit_res), whatever their names say")
-@pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")  # the failing case's arrays print long
-@settings(max_examples=10, phases=[Phase.generate])  # known to fail: no shrinking
+@settings(max_examples=10)
 @given(wires(min_arrays=2), st.data())
 def test_a_train_reply_named_in_another_order_is_read_back_in_wire_order_by_name(case, data) -> None:
     """A train reply whose arrays carry the wire's names in another order reaches the round logic
@@ -184,17 +181,33 @@ def test_a_train_reply_named_in_another_order_is_read_back_in_wire_order_by_name
     assert_identical(parameters_to_ndarrays(node.fit_res(content).parameters), arrays)
 
 
-@pytest.mark.xfail(strict=True, reason="a train/evaluate request's arrays are read by position "
-                   "(messages.read_request in flwr_pfl.clientapp), whatever their names say")
-@pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")  # the failing case's arrays print long
-@settings(max_examples=10, phases=[Phase.generate])  # known to fail: no shrinking
+@settings(max_examples=10)
 @given(wires(min_arrays=2), st.data())
 def test_a_request_named_in_another_order_reaches_the_client_in_wire_order_by_name(case, data) -> None:
     """A train request whose arrays carry the wire's names in another order reaches the client's
-    ``fit`` in wire order."""
+    ``fit`` in wire order (the handler reads it with the client's wire names)."""
+    from flwr.app import Message
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from flwr_pfl.clientapp import train_reply
+
     wire, arrays = case
     order = data.draw(st.permutations(range(len(arrays))).filter(lambda p: list(p) != sorted(p)), label="order")
     content = over_the_network(messages.request_content(
         [arrays[i] for i in order], {}, [wire.user_names[i] for i in order]))
-    got, _ = messages.read_request(content)
-    assert_identical(got, arrays)
+    received: list[list[np.ndarray]] = []
+
+    class Recording:
+        """A client with the wire's names that keeps what its ``fit`` is handed."""
+
+        def user_wire_names(self) -> list[str]:
+            return list(wire.user_names)
+
+        def fit(self, parameters, config):
+            received.append(parameters)
+            return parameters, 1, {}
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 1
+    train_reply(Recording(), Message(content, dst_node_id=1, message_type="train"))  # type: ignore[arg-type]
+    assert_identical(received[0], arrays)

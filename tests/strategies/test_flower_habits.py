@@ -700,7 +700,8 @@ def test_min_available_clients_is_what_the_strategy_waits_for(cls):
 def test_with_fewer_clients_connected_a_round_samples_its_fraction_of_those_connected():
     """6 of 10 clients connected, min_available_clients=4: fraction_fit=0.5 samples 3 of the 6
     connected (not half of the federation), distinct and all connected; min_fit_clients raises the
-    count, up to the clients there are; fraction 1 takes all 6."""
+    count; more min_fit_clients than connected skips the round's training (none sampled), as
+    Flower's FedAvg does; fraction 1 takes all 6."""
     connected = {str(5000 + 7 * pid) for pid in range(6)}
 
     def picked(**kw) -> list[str]:
@@ -708,7 +709,7 @@ def test_with_fewer_clients_connected_a_round_samples_its_fraction_of_those_conn
         return [p.cid for p, _ in s.configure_fit(1, ndarrays_to_parameters(arrays_of(0)), manager(6))]
 
     for kw, count in (({"fraction_fit": 0.5}, 3), ({"fraction_fit": 0.5, "min_fit_clients": 5}, 5),
-                      ({"fraction_fit": 0.5, "min_fit_clients": 8}, 6), ({"fraction_fit": 1.0}, 6)):
+                      ({"fraction_fit": 0.5, "min_fit_clients": 8}, 0), ({"fraction_fit": 1.0}, 6)):
         cids = picked(**kw)
         assert len(cids) == len(set(cids)) == count and set(cids) <= connected, kw
     s = FedAvg(num_clients=10, min_available_clients=4, fraction_evaluate=0.5, min_evaluate_clients=1, wait_timeout=0)
