@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from logging import WARNING
 
-import numpy as np
 import torch
 from flwr.common.logger import log
 from torch import nn
@@ -20,6 +19,7 @@ from torch import nn
 from flwr_pfl.clients.base import Config, NDArrays, PFLClient
 from flwr_pfl.models.split import user_keys
 from flwr_pfl.training import load_arrays, save_arrays
+from flwr_pfl.training.params import arrays_of_keys, set_arrays_of_keys
 
 #: the module types FedBN keeps local (BatchNorm's family includes SyncBatchNorm and the lazy forms)
 NORM_TYPES: tuple[type[nn.Module], ...] = (
@@ -80,21 +80,10 @@ class FedBNClient(PFLClient):
 
     # ---------------------------------------------------------------- wire
     def _load(self, keys: list[str], arrays: NDArrays) -> None:
-        if len(arrays) != len(keys):
-            raise ValueError(f"{type(self).__name__} expects {len(keys)} arrays but {len(arrays)} were given")
-        state = self.model.state_dict()
-        for key, array in zip(keys, arrays):
-            if tuple(array.shape) != tuple(state[key].shape):
-                raise ValueError(
-                    f"array for {key!r} has shape {tuple(array.shape)}, expected {tuple(state[key].shape)}"
-                )
-        with torch.no_grad():
-            for key, array in zip(keys, arrays):
-                state[key].copy_(torch.as_tensor(np.asarray(array)))
+        set_arrays_of_keys(self.model, keys, arrays, what=f"{type(self).__name__}'s wire")
 
     def _arrays(self, keys: list[str]) -> NDArrays:
-        state = self.model.state_dict()
-        return [state[k].detach().cpu().numpy().copy() for k in keys]
+        return arrays_of_keys(self.model, keys)
 
     def get_parameters(self, config: Config) -> NDArrays:
         return self._arrays(self.shared_keys)

@@ -51,8 +51,13 @@ def group_keys(model: nn.Module, group: str) -> list[str]:
 
 def get_arrays(model: nn.Module, group: str = "all") -> NDArrays:
     """Copies of the group's tensors as NumPy arrays (on the CPU), in wire order."""
+    return arrays_of_keys(model, group_keys(model, group))
+
+
+def arrays_of_keys(model: nn.Module, keys: Sequence[str]) -> NDArrays:
+    """Copies of the ``state_dict`` entries ``keys`` as NumPy arrays (on the CPU), in that order."""
     state = model.state_dict()
-    return [state[k].detach().cpu().numpy().copy() for k in group_keys(model, group)]
+    return [state[k].detach().cpu().numpy().copy() for k in keys]
 
 
 def set_arrays(model: nn.Module, arrays: Sequence[np.ndarray], group: str = "all") -> None:
@@ -61,11 +66,15 @@ def set_arrays(model: nn.Module, arrays: Sequence[np.ndarray], group: str = "all
     Raises:
         ValueError: naming the first array whose shape differs, or the count mismatch.
     """
-    keys = group_keys(model, group)
+    set_arrays_of_keys(model, group_keys(model, group), arrays, what=f"parameter group {group!r}")
+
+
+def set_arrays_of_keys(model: nn.Module, keys: Sequence[str], arrays: Sequence[np.ndarray], what: str) -> None:
+    """Load ``arrays`` into the ``state_dict`` entries ``keys`` (in that order), checking their
+    number and shapes first, so that a refused load changes nothing; ``what`` names the entries
+    in the error."""
     if len(arrays) != len(keys):
-        raise ValueError(
-            f"parameter group {group!r} has {len(keys)} tensors but {len(arrays)} arrays were given"
-        )
+        raise ValueError(f"{what} has {len(keys)} tensors but {len(arrays)} arrays were given")
     state = model.state_dict()
     for key, array in zip(keys, arrays):
         if tuple(array.shape) != tuple(state[key].shape):
