@@ -2,10 +2,8 @@
 
 Every flwr_pfl strategy has a Message-API class here with the same name and the same
 constructor arguments (Flower's Message-API names ``fraction_train``, ``min_train_nodes``,
-``min_evaluate_nodes``, ``min_available_nodes`` are taken too): ``FEDORA``, ``FedAvg``, ``FedAvgMultiHead``, ``FedDA``, ``FedDAR``,
-``FedFMTL``, ``FedGP``, ``FedPer``, ``FedRep``, ``Finetune``, ``Local``, ``PFedFDA``,
-``ReweightedFedAvg``, ``SeparateFedAvg``, ``SourceOnly``, ``TargetOnly``. Use them as any
-Flower strategy, with clients registered by :func:`flwr_pfl.clientapp.register_handlers`::
+``min_evaluate_nodes``, ``min_available_nodes`` are taken too); ``__all__`` lists them.
+Use them as any Flower strategy, with clients registered by :func:`flwr_pfl.clientapp.register_handlers`::
 
     from flwr.app import ArrayRecord, Context
     from flwr.serverapp import Grid, ServerApp
@@ -49,13 +47,18 @@ from flwr_pfl.serverapp.strategy import PFLMessageStrategy
 FEDORA = MESSAGE_STRATEGIES["FEDORA"]
 FedAvg = MESSAGE_STRATEGIES["FedAvg"]
 FedAvgMultiHead = MESSAGE_STRATEGIES["FedAvgMultiHead"]
+FedBABU = MESSAGE_STRATEGIES["FedBABU"]
+FedBN = MESSAGE_STRATEGIES["FedBN"]
 FedDA = MESSAGE_STRATEGIES["FedDA"]
 FedDAR = MESSAGE_STRATEGIES["FedDAR"]
 FedFMTL = MESSAGE_STRATEGIES["FedFMTL"]
 FedGP = MESSAGE_STRATEGIES["FedGP"]
 FedPer = MESSAGE_STRATEGIES["FedPer"]
+FedProx = MESSAGE_STRATEGIES["FedProx"]
+FedProxFinetune = MESSAGE_STRATEGIES["FedProxFinetune"]
 FedRep = MESSAGE_STRATEGIES["FedRep"]
 Finetune = MESSAGE_STRATEGIES["Finetune"]
+LGFedAvg = MESSAGE_STRATEGIES["LGFedAvg"]
 Local = MESSAGE_STRATEGIES["Local"]
 PFedFDA = MESSAGE_STRATEGIES["PFedFDA"]
 ReweightedFedAvg = MESSAGE_STRATEGIES["ReweightedFedAvg"]
