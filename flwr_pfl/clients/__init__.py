@@ -10,10 +10,13 @@ from flwr_pfl.clients.local import LocalClient
 from flwr_pfl.clients.pfedfda import PFedFDAClient
 from flwr_pfl.clients.feddar import FedDARClient, ReweightedFedAvgClient, SeparateFedAvgClient
 from flwr_pfl.clients.fedora import FEDORAClient
+from flwr_pfl.clients.ditto import DittoClient
+from flwr_pfl.clients.apfl import APFLClient
+from flwr_pfl.clients.perfedavg import PerFedAvgClient
 
 __all__ = [
-    "FEDORAClient", "FedAvgClient", "FedBABUClient", "FedBNClient", "FedDARClient", "FedFMTLClient", "FedGPClient",
-    "FedPerClient", "FedProxClient", "FedProxFinetuneClient", "FedRepClient", "FinetuneClient", "LGFedAvgClient",
-    "LocalClient", "LocalData", "PFLClient", "PFedFDAClient", "ReweightedFedAvgClient", "SeparateFedAvgClient",
-    "TrainConfig",
+    "APFLClient", "DittoClient", "FEDORAClient", "FedAvgClient", "FedBABUClient", "FedBNClient",
+    "FedDARClient", "FedFMTLClient", "FedGPClient", "FedPerClient", "FedProxClient", "FedProxFinetuneClient",
+    "FedRepClient", "FinetuneClient", "LGFedAvgClient", "LocalClient", "LocalData", "PFLClient",
+    "PFedFDAClient", "PerFedAvgClient", "ReweightedFedAvgClient", "SeparateFedAvgClient", "TrainConfig",
 ]

@@ -44,6 +44,8 @@ from flwr_pfl.serverapp.strategy import PFLMessageStrategy
 
 # one name per class, spelled out for readers and type checkers (the test suite checks that
 # these are exactly MESSAGE_STRATEGIES)
+APFL = MESSAGE_STRATEGIES["APFL"]
+Ditto = MESSAGE_STRATEGIES["Ditto"]
 FEDORA = MESSAGE_STRATEGIES["FEDORA"]
 FedAvg = MESSAGE_STRATEGIES["FedAvg"]
 FedAvgMultiHead = MESSAGE_STRATEGIES["FedAvgMultiHead"]
@@ -61,6 +63,7 @@ Finetune = MESSAGE_STRATEGIES["Finetune"]
 LGFedAvg = MESSAGE_STRATEGIES["LGFedAvg"]
 Local = MESSAGE_STRATEGIES["Local"]
 PFedFDA = MESSAGE_STRATEGIES["PFedFDA"]
+PerFedAvg = MESSAGE_STRATEGIES["PerFedAvg"]
 ReweightedFedAvg = MESSAGE_STRATEGIES["ReweightedFedAvg"]
 SeparateFedAvg = MESSAGE_STRATEGIES["SeparateFedAvg"]
 SourceOnly = MESSAGE_STRATEGIES["SourceOnly"]

@@ -7,9 +7,12 @@ from flwr_pfl.strategies.baselines import FedAvg, FedBABU, FedBN, FedPer, FedPro
 from flwr_pfl.strategies.pfedfda import PFedFDA
 from flwr_pfl.strategies.feddar import FedAvgMultiHead, FedDAR, ReweightedFedAvg, SeparateFedAvg
 from flwr_pfl.strategies.fedora import FEDORA
+from flwr_pfl.strategies.ditto import Ditto
+from flwr_pfl.strategies.apfl import APFL
+from flwr_pfl.strategies.perfedavg import PerFedAvg
 
 __all__ = [
-    "FEDORA", "FedAvg", "FedAvgMultiHead", "FedBABU", "FedBN", "FedDA", "FedDAR", "FedFMTL", "FedGP", "FedPer",
-    "FedProx", "FedProxFinetune", "FedRep", "Finetune", "LGFedAvg", "Local", "PFLStrategy", "PFedFDA",
-    "ReweightedFedAvg", "SeparateFedAvg", "SourceOnly", "TargetOnly",
+    "APFL", "Ditto", "FEDORA", "FedAvg", "FedAvgMultiHead", "FedBABU", "FedBN", "FedDA", "FedDAR", "FedFMTL",
+    "FedGP", "FedPer", "FedProx", "FedProxFinetune", "FedRep", "Finetune", "LGFedAvg", "Local", "PFLStrategy",
+    "PFedFDA", "PerFedAvg", "ReweightedFedAvg", "SeparateFedAvg", "SourceOnly", "TargetOnly",
 ]
