@@ -13,10 +13,12 @@ from flwr_pfl.clients.fedora import FEDORAClient
 from flwr_pfl.clients.ditto import DittoClient
 from flwr_pfl.clients.apfl import APFLClient
 from flwr_pfl.clients.perfedavg import PerFedAvgClient
+from flwr_pfl.clients.pfedme import PFedMeClient
 
 __all__ = [
     "APFLClient", "DittoClient", "FEDORAClient", "FedAvgClient", "FedBABUClient", "FedBNClient",
     "FedDARClient", "FedFMTLClient", "FedGPClient", "FedPerClient", "FedProxClient", "FedProxFinetuneClient",
     "FedRepClient", "FinetuneClient", "LGFedAvgClient", "LocalClient", "LocalData", "PFLClient",
-    "PFedFDAClient", "PerFedAvgClient", "ReweightedFedAvgClient", "SeparateFedAvgClient", "TrainConfig",
+    "PFedFDAClient", "PFedMeClient", "PerFedAvgClient", "ReweightedFedAvgClient", "SeparateFedAvgClient",
+    "TrainConfig",
 ]

@@ -10,9 +10,10 @@ from flwr_pfl.strategies.fedora import FEDORA
 from flwr_pfl.strategies.ditto import Ditto
 from flwr_pfl.strategies.apfl import APFL
 from flwr_pfl.strategies.perfedavg import PerFedAvg
+from flwr_pfl.strategies.pfedme import PFedMe
 
 __all__ = [
     "APFL", "Ditto", "FEDORA", "FedAvg", "FedAvgMultiHead", "FedBABU", "FedBN", "FedDA", "FedDAR", "FedFMTL",
     "FedGP", "FedPer", "FedProx", "FedProxFinetune", "FedRep", "Finetune", "LGFedAvg", "Local", "PFLStrategy",
-    "PFedFDA", "PerFedAvg", "ReweightedFedAvg", "SeparateFedAvg", "SourceOnly", "TargetOnly",
+    "PFedFDA", "PFedMe", "PerFedAvg", "ReweightedFedAvg", "SeparateFedAvg", "SourceOnly", "TargetOnly",
 ]

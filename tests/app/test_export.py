@@ -29,7 +29,7 @@ ROUNDS = 3
 #: what each algorithm's clients keep for themselves (the rest export nothing personal)
 PERSONAL = {"local": "all", "fedora": "all", "finetune": "all", "fedprox-ft": "all", "fedbabu": "all",
             "fedrep": "heads", "fedper": "heads", "pfedfda": "heads", "lg-fedavg": "body",
-            "ditto": "all", "apfl": "all", "per-fedavg": "all"}
+            "ditto": "all", "apfl": "all", "per-fedavg": "all", "pfedme": "all"}
 #: what model.pt holds: the whole model unless listed (None: no global model, no model.pt)
 GLOBAL = {"local": None, "fedora": None, "fedrep": "body", "fedper": "body", "pfedfda": "body", "lg-fedavg": "heads"}
 DOMAIN_FAMILY = ("feddar", "feddar-sa", "feddar-wa", "separate-fedavg", "fedavg-rw", "fedavg-mh")
