@@ -14,11 +14,12 @@ from flwr_pfl.clients.ditto import DittoClient
 from flwr_pfl.clients.apfl import APFLClient
 from flwr_pfl.clients.perfedavg import PerFedAvgClient
 from flwr_pfl.clients.pfedme import PFedMeClient
+from flwr_pfl.clients.fedrod import FedRoDClient
 
 __all__ = [
     "APFLClient", "DittoClient", "FEDORAClient", "FedAvgClient", "FedBABUClient", "FedBNClient",
     "FedDARClient", "FedFMTLClient", "FedGPClient", "FedPerClient", "FedProxClient", "FedProxFinetuneClient",
-    "FedRepClient", "FinetuneClient", "LGFedAvgClient", "LocalClient", "LocalData", "PFLClient",
-    "PFedFDAClient", "PFedMeClient", "PerFedAvgClient", "ReweightedFedAvgClient", "SeparateFedAvgClient",
-    "TrainConfig",
+    "FedRepClient", "FedRoDClient", "FinetuneClient", "LGFedAvgClient", "LocalClient", "LocalData",
+    "PFLClient", "PFedFDAClient", "PFedMeClient", "PerFedAvgClient", "ReweightedFedAvgClient",
+    "SeparateFedAvgClient", "TrainConfig",
 ]

@@ -29,7 +29,8 @@ ROUNDS = 3
 #: what each algorithm's clients keep for themselves (the rest export nothing personal)
 PERSONAL = {"local": "all", "fedora": "all", "finetune": "all", "fedprox-ft": "all", "fedbabu": "all",
             "fedrep": "heads", "fedper": "heads", "pfedfda": "heads", "lg-fedavg": "body",
-            "ditto": "all", "apfl": "all", "per-fedavg": "all", "pfedme": "all"}
+            "ditto": "all", "apfl": "all", "per-fedavg": "all", "pfedme": "all",
+            "fedrod": "personal head"}  # fedrod: its own keys, fedrod:personal_head.<name>
 #: what model.pt holds: the whole model unless listed (None: no global model, no model.pt)
 GLOBAL = {"local": None, "fedora": None, "fedrep": "body", "fedper": "body", "pfedfda": "body", "lg-fedavg": "heads"}
 DOMAIN_FAMILY = ("feddar", "feddar-sa", "feddar-wa", "separate-fedavg", "fedavg-rw", "fedavg-mh")
@@ -85,6 +86,10 @@ def evaluate_exported(client: PFLClient, algorithm: str, state: dict[str, torch.
         holder.models = nn.ModuleList(client.models)  # type: ignore[attr-defined]
         holder.load_state_dict(state, strict=True)
         return client.local_evaluate({})
+    if algorithm == "fedrod":  # the personal head sits beside the model: fedrod:personal_head.<name>
+        client.model.load_state_dict({k: v for k, v in state.items() if ":" not in k}, strict=True)
+        client.load_personal_state(state)
+        return client.local_evaluate({})
     client.model.load_state_dict(state, strict=True)
     return client.evaluate_on(client.data.test)
 
@@ -128,12 +133,17 @@ def test_the_exported_models_are_the_final_ones(tmp_path, dataset, algorithm, mo
         else:
             personal = torch.load(path, weights_only=True)
             client = fresh_client(context)
-            assert list(personal) == group_keys(client.model, PERSONAL[algorithm])
+            if algorithm == "fedrod":
+                assert list(personal) == list(client.personal_state())
+            else:
+                assert list(personal) == group_keys(client.model, PERSONAL[algorithm])
             record = json.loads((out / "clients" / f"{pid}.json").read_text())
             assert record["round"] == ROUNDS and record["keys"] == list(personal)
             assert record["metrics"]["loss"] == reported[pid]["loss"]
-            if algorithm in ("local", "fedora", "fedrep", "fedper", "lg-fedavg"):  # the part kept across rounds
-                stored = load_arrays(context.state, PFLClient.PERSONAL_KEY)
+            if algorithm in ("local", "fedora", "fedrep", "fedper", "lg-fedavg", "fedrod"):  # the part kept across rounds
+                stored = load_arrays(context.state, "fedrod-personal-head" if algorithm == "fedrod" else PFLClient.PERSONAL_KEY)
+                if stored is None and algorithm == "fedrod":  # never trained: the last received generic head
+                    stored = [global_state[k].numpy() for k in group_keys(client.model, "heads")]
                 if stored is None:  # never sampled to train: its part is still the initial one
                     stored = [t.numpy() for t in client.personal_state().values()]
                 assert all(np.array_equal(t.numpy(), a) for t, a in zip(personal.values(), stored, strict=True))
