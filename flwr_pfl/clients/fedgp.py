@@ -46,14 +46,9 @@ from flwr_pfl.core.fedgp import (
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.models.split import HeadSpec
 from flwr_pfl.training import get_arrays, loader_like, num_samples
+from flwr_pfl.training.params import buffer_flags
 
 ROLE_KEY = ROLE
-
-
-def buffer_flags(model: torch.nn.Module) -> list[bool]:
-    """One flag per ``state_dict`` entry (wire order): True for ``named_buffers`` entries."""
-    buffers = {name for name, _ in model.named_buffers()}
-    return [key in buffers for key in model.state_dict()]
 
 
 class FedGPClient(PFLClient):

@@ -13,8 +13,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from flwr_pfl.clients.base import Config
-from flwr_pfl.clients.fedgp import buffer_flags
 from flwr_pfl.clients.personal import PersonalCopyClient
+from flwr_pfl.training.params import buffer_flags
 from flwr_pfl.core.pfedme import BUFFER_MASK, check_lam, outer_step
 from flwr_pfl.core.proximal import proximal_value
 from flwr_pfl.training import EvalResult, OptimizerConfig, TrainStats, train

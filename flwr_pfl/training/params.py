@@ -86,6 +86,14 @@ def set_arrays_of_keys(model: nn.Module, keys: Sequence[str], arrays: Sequence[n
             state[key].copy_(torch.as_tensor(np.asarray(array)))
 
 
+def buffer_flags(model: nn.Module) -> list[bool]:
+    """One flag per ``state_dict`` entry (wire order): True for ``named_buffers`` entries (running
+    statistics, counters), which a server step that moves parameters (FedGP's projection,
+    pFedMe's beta step) must leave to the plain average."""
+    buffers = {name for name, _ in model.named_buffers()}
+    return [key in buffers for key in model.state_dict()]
+
+
 def group_shapes(model: nn.Module, group: str = "all") -> list[tuple[int, ...]]:
     """Shapes of the group's arrays in wire order (what a strategy validates replies against)."""
     state = model.state_dict()
