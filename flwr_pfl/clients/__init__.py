@@ -15,11 +15,12 @@ from flwr_pfl.clients.apfl import APFLClient
 from flwr_pfl.clients.perfedavg import PerFedAvgClient
 from flwr_pfl.clients.pfedme import PFedMeClient
 from flwr_pfl.clients.fedrod import FedRoDClient
+from flwr_pfl.clients.fedpac import FedPACClient
 
 __all__ = [
     "APFLClient", "DittoClient", "FEDORAClient", "FedAvgClient", "FedBABUClient", "FedBNClient",
-    "FedDARClient", "FedFMTLClient", "FedGPClient", "FedPerClient", "FedProxClient", "FedProxFinetuneClient",
-    "FedRepClient", "FedRoDClient", "FinetuneClient", "LGFedAvgClient", "LocalClient", "LocalData",
-    "PFLClient", "PFedFDAClient", "PFedMeClient", "PerFedAvgClient", "ReweightedFedAvgClient",
+    "FedDARClient", "FedFMTLClient", "FedGPClient", "FedPACClient", "FedPerClient", "FedProxClient",
+    "FedProxFinetuneClient", "FedRepClient", "FedRoDClient", "FinetuneClient", "LGFedAvgClient", "LocalClient",
+    "LocalData", "PFLClient", "PFedFDAClient", "PFedMeClient", "PerFedAvgClient", "ReweightedFedAvgClient",
     "SeparateFedAvgClient", "TrainConfig",
 ]

@@ -12,10 +12,11 @@ from flwr_pfl.strategies.apfl import APFL
 from flwr_pfl.strategies.perfedavg import PerFedAvg
 from flwr_pfl.strategies.pfedme import PFedMe
 from flwr_pfl.strategies.fedrod import FedRoD
+from flwr_pfl.strategies.fedpac import FedPAC
 
 __all__ = [
     "APFL", "Ditto", "FEDORA", "FedAvg", "FedAvgMultiHead", "FedBABU", "FedBN", "FedDA", "FedDAR", "FedFMTL",
-    "FedGP", "FedPer", "FedProx", "FedProxFinetune", "FedRep", "FedRoD", "Finetune", "LGFedAvg", "Local",
-    "PFLStrategy", "PFedFDA", "PFedMe", "PerFedAvg", "ReweightedFedAvg", "SeparateFedAvg", "SourceOnly",
-    "TargetOnly",
+    "FedGP", "FedPAC", "FedPer", "FedProx", "FedProxFinetune", "FedRep", "FedRoD", "Finetune", "LGFedAvg",
+    "Local", "PFLStrategy", "PFedFDA", "PFedMe", "PerFedAvg", "ReweightedFedAvg", "SeparateFedAvg",
+    "SourceOnly", "TargetOnly",
 ]

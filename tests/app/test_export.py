@@ -30,7 +30,7 @@ ROUNDS = 3
 PERSONAL = {"local": "all", "fedora": "all", "finetune": "all", "fedprox-ft": "all", "fedbabu": "all",
             "fedrep": "heads", "fedper": "heads", "pfedfda": "heads", "lg-fedavg": "body",
             "ditto": "all", "apfl": "all", "per-fedavg": "all", "pfedme": "all",
-            "fedrod": "personal head"}  # fedrod: its own keys, fedrod:personal_head.<name>
+            "fedrod": "personal head", "fedpac": "heads"}  # fedrod: its own keys, fedrod:personal_head.<name>
 #: what model.pt holds: the whole model unless listed (None: no global model, no model.pt)
 GLOBAL = {"local": None, "fedora": None, "fedrep": "body", "fedper": "body", "pfedfda": "body", "lg-fedavg": "heads"}
 DOMAIN_FAMILY = ("feddar", "feddar-sa", "feddar-wa", "separate-fedavg", "fedavg-rw", "fedavg-mh")
@@ -121,7 +121,7 @@ def test_the_exported_models_are_the_final_ones(tmp_path, dataset, algorithm, mo
             assert tensor.dtype == torch.from_numpy(np.asarray(array)).dtype and np.array_equal(tensor.numpy(), array), name
         if algorithm != "separate-fedavg":
             assert list(global_state) == group_keys(probe.model, GLOBAL.get(algorithm, "all"))
-        assert (algorithm == "pfedfda") == bool(extras)
+        assert (algorithm in ("pfedfda", "fedpac")) == bool(extras)
 
     # each client's personal part, and the evaluation it reproduces
     for context in grid.contexts.values():

@@ -88,6 +88,7 @@ CASES: dict[str, Case] = {
                        evaluation_draws="it adapts a copy on shuffled training batches first"),
     "pfedme": Case({"lam": 5.0, "k": 3, "personal_lr": 0.02, "beta": 1.5}),
     "fedrod": Case(),
+    "fedpac": Case({"lam": 2.0, "head_epochs": 2}, personal_head=True),
     "feddar": Case({"head_epochs": 1, "rep_epochs": 2, "sa_weighting": "client_count"}),
     "feddar-sa": Case({"head_epochs": 1}),
     "feddar-wa": Case({"head_epochs": 2, "head_lr_scale": 0.5}),
