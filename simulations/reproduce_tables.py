@@ -160,6 +160,12 @@ lr 0.05, batch 32; FedDAR-WA against FedAvg + multi-head (the paper's two surviv
         _m("FedDAR-WA", "feddar-wa", _DIGITS_PAPER["FedDAR-WA"]),
         _m("FedAvg + multi-head", "fedavg-mh", _DIGITS_PAPER["FedAvg + multi-head"]),
         _m("FedAvg", "fedavg"),
+        # the paper's other competitors (Tables 3-4); their Digits rows are lost with FedAvg's, so
+        # no figure: FedProx with the paper's mu = 0.1, fine-tuning 1 epoch (its EXAM setting)
+        _m("FedProx", "fedprox", fedprox__mu=0.1),
+        _m("FedProx + FT", "fedprox-ft", fedprox_ft__mu=0.1, fedprox_ft__epochs=1),
+        _m("FedBN", "fedbn"),
+        _m("LG-FedAvg", "lg-fedavg"),
     ),
     metric=("acc_domain_mean",),
     metric_label="domain-average accuracy",
@@ -206,6 +212,17 @@ FedAvg evaluates its global model, FedAvg + FT fine-tunes it for 5 epochs.
         _m("FedAvg + FT", "finetune", {_PFEDFDA_SHIFT: 0.682, _PFEDFDA_SKEW: 0.742, _PFEDFDA_SCARCE: 0.526}),
         _m("FedRep", "fedrep", {_PFEDFDA_SHIFT: 0.612, _PFEDFDA_SKEW: 0.668, _PFEDFDA_SCARCE: 0.486}),
         _m("Local", "local", {_PFEDFDA_SHIFT: 0.586, _PFEDFDA_SKEW: 0.585, _PFEDFDA_SCARCE: 0.435}),
+        # the competitors, with the hyperparameters of the paper's App. C.2 (grids in docs/baselines.md)
+        _m("APFL", "apfl", {_PFEDFDA_SHIFT: 0.611, _PFEDFDA_SKEW: 0.656, _PFEDFDA_SCARCE: 0.504}, apfl__alpha=0.25),
+        _m("Ditto", "ditto", {_PFEDFDA_SHIFT: 0.668, _PFEDFDA_SKEW: 0.736, _PFEDFDA_SCARCE: 0.527},
+           ditto__lam=1.0, ditto__personal_epochs=5),
+        _m("FedBABU", "fedbabu", {_PFEDFDA_SHIFT: 0.602, _PFEDFDA_SKEW: 0.678, _PFEDFDA_SCARCE: 0.467},
+           fedbabu__finetune_epochs=5),
+        _m("FedPAC", "fedpac", {_PFEDFDA_SHIFT: 0.679, _PFEDFDA_SKEW: 0.767, _PFEDFDA_SCARCE: 0.533},
+           fedpac__lam=1.0, fedpac__head_epochs=1, fedpac__head_learning_rate=0.1),
+        _m("FedRoD", "fedrod", {_PFEDFDA_SHIFT: 0.655, _PFEDFDA_SKEW: 0.713, _PFEDFDA_SCARCE: 0.499}),
+        _m("LG-FedAvg", "lg-fedavg", {_PFEDFDA_SHIFT: 0.584, _PFEDFDA_SKEW: 0.599, _PFEDFDA_SCARCE: 0.433}),
+        _m("pFedMe", "pfedme", {_PFEDFDA_SHIFT: 0.679, _PFEDFDA_SKEW: 0.740, _PFEDFDA_SCARCE: 0.523}, pfedme__lam=5.0),
     ),
     metric=("accuracy_wmean",),
     metric_label="personalized test accuracy",
@@ -249,6 +266,12 @@ preset; its R-Acc and PTR are against its in-run LOCAL shadow model (same splits
         _m("FedAvg", "fedavg", {_ROT_MNIST: 0.6889, _ROT_FMNIST: 0.6441}),
         _m("FedAvg + FT", "finetune", {_ROT_MNIST: 0.7411, _ROT_FMNIST: 0.6848}),
         _m("FedPer", "fedper", {_ROT_MNIST: 0.7741, _ROT_FMNIST: 0.6725}),
+        # the competitors of part 1; the paper gives none of their hyperparameters: the suite's defaults
+        _m("FedProx", "fedprox", {_ROT_MNIST: 0.5375, _ROT_FMNIST: 0.5968}),
+        _m("FedProx + FT", "fedprox-ft", {_ROT_MNIST: 0.6893, _ROT_FMNIST: 0.6788}),
+        _m("LG-FedAvg", "lg-fedavg", {_ROT_MNIST: 0.7804, _ROT_FMNIST: 0.7137}),
+        _m("APFL", "apfl", {_ROT_MNIST: 0.7871, _ROT_FMNIST: 0.7134}),
+        _m("Ditto", "ditto", {_ROT_MNIST: 0.7806, _ROT_FMNIST: 0.7212}),
         # ablation: the paper does not state its fine-tuning budget; one epoch (the default) is 2
         # steps on a client's 128 images, 5 is the table's local epochs E. At the paper's 500
         # rounds it evaluates (fine-tunes) every 10 rounds and after the last, as FEDORA does:

@@ -440,3 +440,16 @@ def test_a_run_of_one_method_adds_to_the_tables_page_and_writes_the_sweep(tmp_pa
     assert "--methods" not in page
     sweep = json.loads((tmp_path / "fedgp-label-quick-lr.json").read_text())
     assert list(sweep[table.columns[0].name]) == ["Target Only"] and sweep[table.columns[0].name]["Target Only"]["best"] == 2.0
+
+
+
+@pytest.mark.parametrize("name", sorted(TABLES))
+def test_every_row_of_every_table_is_a_valid_run_configuration(name, tmp_path):
+    """Each method on each column at each scale is checked as the app checks a run (the
+    configuration parses, the strategy accepts it): a misspelt option key, a value out of range
+    or an unregistered algorithm in a row fails here, not hours into a reproduction."""
+    table = TABLES[name]
+    for scale in table.scales:
+        runs = R.plan(table, scale, [0], tmp_path)
+        assert len(runs) == len(table.columns) * len(table.methods)
+        assert {(r.column, r.method) for r in runs} == {(c.name, m.label) for c in table.columns for m in table.methods}
