@@ -2,8 +2,7 @@
 # Install what is needed, then run the whole test suite (pytest). Extra arguments go to pytest.
 #
 # The tests run in parallel, one worker per CPU (pytest-xdist), each test file on one worker
-# (files share module-level fixtures and some write under one temporary tree), in the order
-# tests/conftest.py gives them (whole runs first; xdist would otherwise sort by test count). Set
+# (files share module-level fixtures and some write under one temporary tree). Set
 # FLWR_PFL_TEST_WORKERS to a number to choose, or to 0 to run in this process (e.g. with --pdb).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -14,4 +13,4 @@ workers="${FLWR_PFL_TEST_WORKERS:-auto}"
 if [ "$workers" = "0" ]; then
   exec .venv/bin/python -m pytest "$@"
 fi
-exec .venv/bin/python -m pytest -n "$workers" --dist loadfile --no-loadscope-reorder "$@"
+exec .venv/bin/python -m pytest -n "$workers" --dist loadfile "$@"

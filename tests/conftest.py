@@ -44,17 +44,3 @@ def blobs_dataset() -> str:
 
     register_dataset("test-blobs", build, replace=True)
     return "test-blobs"
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Files with end-to-end (``slow``) tests first, then the other files of ``tests/app`` and
-    ``tests/deploy`` (whole runs in-process or through real processes), then the rest, each group
-    in collection order.
-
-    The suite runs on parallel workers, one file per worker at a time (scripts/test.sh): handing
-    out the long files first lets the many short ones fill the workers' gaps at the end, instead
-    of one worker finishing a long file alone while the others idle.
-    """
-    heavy = {item.path for item in items if item.get_closest_marker("slow")}
-    whole_runs = {REPO_ROOT / "tests" / "app", REPO_ROOT / "tests" / "deploy"}
-    items.sort(key=lambda item: 0 if item.path in heavy else 1 if item.path.parent in whole_runs else 2)
