@@ -8,7 +8,6 @@ import torch
 from flwr_pfl.clients.base import Config
 from flwr_pfl.clients.personal import PersonalCopyClient
 from flwr_pfl.core.ditto import check_lam, personal_regularizer
-from flwr_pfl.training import EvalResult
 
 
 class DittoClient(PersonalCopyClient):
@@ -67,13 +66,6 @@ class DittoClient(PersonalCopyClient):
             personal = self.train_groups(("all",), self.personal_epochs, regularizer=anchor)
         return {"train_loss": stats.loss, "personal_loss": personal.loss,
                 "train_seconds": stats.seconds + personal.seconds}
-
-    def local_evaluate(self, config: Config) -> EvalResult:
-        global_result = self.evaluate_on(self.data.test)
-        with self.personal_model(store=False):
-            result = self.evaluate_on(self.data.test)
-        result.extra = {f"global_{k}": v for k, v in global_result.metrics().items()}
-        return result
 
     def personal_state(self) -> dict[str, torch.Tensor]:
         """v_k by ``state_dict`` name (CPU copies): what :meth:`local_evaluate` evaluates, so that

@@ -20,8 +20,8 @@ from contextlib import contextmanager
 
 import torch
 
-from flwr_pfl.clients.base import PFLClient
-from flwr_pfl.training import get_arrays, load_arrays, save_arrays, set_arrays
+from flwr_pfl.clients.base import Config, PFLClient
+from flwr_pfl.training import EvalResult, get_arrays, load_arrays, save_arrays, set_arrays
 
 
 class PersonalCopyClient(PFLClient):
@@ -61,6 +61,16 @@ class PersonalCopyClient(PFLClient):
                 save_arrays(self.context.state, self.PERSONAL_MODEL_KEY, get_arrays(self.model, "all"))
         finally:
             self.model.load_state_dict(outer)
+
+    def local_evaluate(self, config: Config) -> EvalResult:
+        """The personal copy on the local test split (the model as it stands while there is none
+        yet), with the received global model's figures beside it as ``global_loss`` /
+        ``global_accuracy`` (Ditto, pFedMe; APFL evaluates its mixture instead)."""
+        global_result = self.evaluate_on(self.data.test)
+        with self.personal_model(store=False):
+            result = self.evaluate_on(self.data.test)
+        result.extra = {f"global_{k}": v for k, v in global_result.metrics().items()}
+        return result
 
     def personal_state(self) -> dict[str, torch.Tensor]:
         """The personal copy by ``state_dict`` name (CPU copies); empty before the first one."""

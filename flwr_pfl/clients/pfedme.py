@@ -17,7 +17,7 @@ from flwr_pfl.clients.personal import PersonalCopyClient
 from flwr_pfl.training.params import buffer_flags
 from flwr_pfl.core.pfedme import BUFFER_MASK, check_lam, outer_step
 from flwr_pfl.core.proximal import proximal_value
-from flwr_pfl.training import EvalResult, OptimizerConfig, TrainStats, train
+from flwr_pfl.training import OptimizerConfig, TrainStats, train
 
 class RepeatedBatches:
     """Each batch of ``loader`` ``k`` times in a row: the training loop then takes Alg. 1's K
@@ -133,13 +133,6 @@ class PFedMeClient(PersonalCopyClient):
             frozen_norm=self.train_config.frozen_norm,
         )
         return local, stats
-
-    def local_evaluate(self, config: Config) -> EvalResult:
-        global_result = self.evaluate_on(self.data.test)
-        with self.personal_model(store=False):
-            result = self.evaluate_on(self.data.test)
-        result.extra = {f"global_{k}": v for k, v in global_result.metrics().items()}
-        return result
 
     def personal_state(self) -> dict[str, torch.Tensor]:
         """theta by ``state_dict`` name (CPU copies): what :meth:`local_evaluate` evaluates, so that
