@@ -29,6 +29,13 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.common import Scalar
 
+#: the round's learning rate in a train or evaluate config: the suite's name, and the name
+#: Flower's PyTorch examples send (``{"lr": ...}``); either sets it, both at once must agree
+LEARNING_RATE_KEYS = ("learning-rate", "lr")
+#: the keys of the user's part of a config (``on_fit_config_fn``, ``fit_config``, the Message
+#: API's ``train_config`` / ``evaluate_config``) that the suite's clients read
+CLIENT_CONFIG_KEYS = LEARNING_RATE_KEYS
+
 ARRAYS = "arrays"
 CONFIG = "config"
 METRICS = "metrics"

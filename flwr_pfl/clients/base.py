@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader
 
 from flwr_pfl.data.types import ClientData, Task, no_training_samples
 from flwr_pfl.errors import ConfigError
+from flwr_pfl.messages import LEARNING_RATE_KEYS
 from flwr_pfl.models.split import HeadRequirement, HeadSpec, check_head, client_model, user_keys
 from flwr_pfl.training import (
     BatchKeys,
@@ -53,8 +54,9 @@ Config = dict[str, bool | bytes | float | int | str]
 Reply = TypeVar("Reply")
 
 #: fit / evaluate config key of the round's learning rate (a strategy's ``on_fit_config_fn`` or
-#: ``on_evaluate_config_fn`` sends it; the same name as the run-config key)
-LEARNING_RATE_KEY = "learning-rate"
+#: ``on_evaluate_config_fn`` sends it; the same name as the run-config key); Flower's ``lr``
+#: is read too (:data:`flwr_pfl.messages.LEARNING_RATE_KEYS`)
+LEARNING_RATE_KEY = LEARNING_RATE_KEYS[0]
 
 #: ``get_properties`` query for the federation's size, and the answer's key
 FEDERATION_QUERY = {"query": "federation-size"}
@@ -126,20 +128,31 @@ class TrainConfig:
 
 
 def round_train_config(train_config: TrainConfig, config: Config, who: str = "") -> TrainConfig:
-    """``train_config`` with the learning rate of ``config[LEARNING_RATE_KEY]``, if present.
+    """``train_config`` with the round's learning rate from ``config``, if it sends one.
+
+    The rate is ``config["learning-rate"]`` (the suite's name) or ``config["lr"]`` (the name
+    Flower's PyTorch examples use); when both are sent they must be equal.
 
     Raises:
-        ConfigError: the value is not a number > 0 (it names the client and the value).
+        ConfigError: a value is not a number > 0, or the two names carry different values (the
+            message names the client, the keys and the values).
     """
-    if LEARNING_RATE_KEY not in config:
+    owner = f"{who}: " if who else ""
+    sent = {key: config[key] for key in LEARNING_RATE_KEYS if key in config}
+    if not sent:
         return train_config
-    value = config[LEARNING_RATE_KEY]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        owner = f"{who}: " if who else ""
+    for key, value in sent.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ConfigError(
+                f"{owner}the strategy sent {key}={value!r} in its config (on_fit_config_fn / on_evaluate_config_fn, "
+                "or the Message API's train_config / evaluate_config); it must be a number > 0"
+            )
+    if len(set(float(v) for v in sent.values())) > 1:
         raise ConfigError(
-            f"{owner}the strategy sent {LEARNING_RATE_KEY}={value!r} in its config (on_fit_config_fn / "
-            "on_evaluate_config_fn); it must be a number > 0"
+            f"{owner}the strategy's config sets the learning rate twice with different values "
+            f"({', '.join(f'{k}={v!r}' for k, v in sent.items())}); send one of {list(LEARNING_RATE_KEYS)}"
         )
+    value = next(iter(sent.values()))
     return replace(train_config, optimizer=replace(train_config.optimizer, learning_rate=float(value)))
 
 
@@ -315,10 +328,10 @@ class PFLClient(NumPyClient):
     @contextmanager
     def message_settings(self, config: Config) -> Iterator[TrainConfig]:
         """``train_config`` for the duration of one message: the client's own settings with the
-        learning rate replaced by the config's ``learning-rate`` when the strategy sends one
-        (a per-round schedule from ``on_fit_config_fn``). Everything that trains in the message
-        reads ``train_config`` (phases scale it further, e.g. FedDAR's ``lr-scale``); the
-        client's own settings are restored afterwards."""
+        learning rate replaced by the config's ``learning-rate`` (or Flower's ``lr``) when the
+        strategy sends one (a per-round schedule from ``on_fit_config_fn``). Everything that
+        trains in the message reads ``train_config`` (phases scale it further, e.g. FedDAR's
+        ``lr-scale``); the client's own settings are restored afterwards."""
         own = self.train_config
         self.train_config = round_train_config(own, config, self.who)
         try:

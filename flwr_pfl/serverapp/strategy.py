@@ -37,6 +37,7 @@ from flwr_pfl.app.nodes import ask_a_node, first_answer, partition_count, wait_f
 from flwr_pfl.clients.base import FEDERATION_QUERY, WIRE_LAYOUT_QUERY
 from flwr_pfl.serverapp.layout import Layout, is_positional, parse_layout, record_arrays, select_wire_arrays, user_name
 from flwr_pfl.serverapp.nodes import EVALUATE, TRAIN, GridClientManager, MessageNode, NodeFailure, reply_content
+from flwr_pfl.strategies import hooks
 from flwr_pfl.strategies.base import PFLStrategy
 
 Res = TypeVar("Res", FitRes, EvaluateRes)
@@ -244,6 +245,7 @@ class PFLMessageStrategy(Strategy):
         if not instructions:
             return []
         user = dict(config)
+        hooks.report_unread_keys(type(self).__name__, f"{phase}_config", user, self.logic.reported_config_keys)
         timeout = self.logic.round_timeout
         assert self._manager is not None
         pending: dict[int, MessageNode] = {}

@@ -225,6 +225,7 @@ class PFLStrategy(FedAvg):
                 raise TypeError(f"initial_parameters must be flwr.common.Parameters, got {type(initial_parameters).__name__}")
             initial_arrays = parameters_to_ndarrays(initial_parameters)
         self._round_configs: dict[str, tuple[int, dict[str, Scalar]]] = {}  # hook -> (round, its dict)
+        self.reported_config_keys: set[str] = set()  # user config keys already reported as unread by the clients
         self._check_bounds(clip_update_norm, max_examples, aggregate, trim_fraction)
         self.clip_update_norm = clip_update_norm
         self.max_examples = max_examples
@@ -466,6 +467,7 @@ class PFLStrategy(FedAvg):
         keys), then ``server-round`` and the algorithm's ``protocol`` keys (which the user's may
         not reuse)."""
         user = {**self.extra_fit_config, **self._round_config("on_fit_config_fn", server_round)}
+        hooks.report_unread_keys(type(self).__name__, "fit_config / on_fit_config_fn", user, self.reported_config_keys)
         own = {"server-round": self.round_offset + server_round, **(protocol or {})}
         return hooks.merge_config(type(self).__name__, "fit_config / on_fit_config_fn", user, own)
 
@@ -474,6 +476,7 @@ class PFLStrategy(FedAvg):
         ``server-round``, ``last_round_config`` in the run's last round, and the algorithm's
         ``protocol`` keys."""
         user = self._round_config("on_evaluate_config_fn", server_round)
+        hooks.report_unread_keys(type(self).__name__, "on_evaluate_config_fn", user, self.reported_config_keys)
         last = self.is_last_round(server_round)
         own = {"server-round": self.round_offset + server_round, **(self.last_round_config if last else {}), **(protocol or {})}
         return hooks.merge_config(type(self).__name__, "on_evaluate_config_fn", user, own)

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable, Mapping
-from logging import WARNING
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
 from flwr.common import log
 
 from flwr_pfl.errors import ConfigError
+from flwr_pfl.messages import CLIENT_CONFIG_KEYS
 from flwr_pfl.strategies.validation import Scalar
 
 #: FedAvg's hooks, with what Flower calls them with
@@ -72,6 +73,23 @@ def round_config(owner: str, hook: str, fn: Callable[[int], Any], server_round: 
                 "Flower scalars (bool, bytes, float, int, str)"
             )
     return dict(config)
+
+
+def report_unread_keys(owner: str, source: str, user: Mapping[str, Scalar], reported: set[str]) -> None:
+    """Log once, at INFO, the keys of the user's config that the suite's clients do not read.
+
+    Flower's examples send settings such as ``local_epochs`` or ``batch_size`` in the train
+    config; the suite's clients take those from their own options and read only
+    :data:`~flwr_pfl.messages.CLIENT_CONFIG_KEYS` from it, so the other keys reach the clients
+    and change nothing (a client class of the user's own may still read them). ``reported``
+    holds the keys already named, so each key is named once per strategy.
+    """
+    unread = sorted(set(user) - set(CLIENT_CONFIG_KEYS) - reported)
+    if unread:
+        reported.update(unread)
+        log(INFO, "%s: %s sends %s to the clients; flwr_pfl's clients read only %s from it (set the rest through "
+            "the clients' options, e.g. the run config's local-epochs and batch-size)", owner, source, unread,
+            list(CLIENT_CONFIG_KEYS))
 
 
 def merge_config(owner: str, source: str, user: Mapping[str, Scalar], protocol: Mapping[str, Scalar]) -> dict[str, Scalar]:

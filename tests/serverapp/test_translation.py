@@ -186,6 +186,19 @@ def test_user_configs_reach_the_clients_under_the_logic_keys():
     assert all(m.content.config_records[messages.CONFIG]["eval-mine"] == "x" for m in app.of_type("evaluate"))
 
 
+def test_flowers_lr_in_the_train_config_sets_the_clients_rate():
+    """advanced-pytorch's habit: ``train_config=ConfigRecord({"lr": ...})``. A rate float32 cannot
+    step with leaves the model where it was; the same run at 0.1 moves it."""
+    def final(lr: float) -> list[np.ndarray]:
+        result = run(Recorder(), FedAvg(**rows_of()[1]), state_dict_record(), rounds=1,
+                     train_config=ConfigRecord({"lr": lr}))
+        return [a.numpy() for a in result.arrays.values()]
+
+    start = [a.numpy() for a in state_dict_record().values()]
+    assert all(np.array_equal(a, b) for a, b in zip(final(1e-30), start))
+    assert any(not np.allclose(a, b) for a, b in zip(final(0.1), start))
+
+
 def test_positional_initial_arrays_are_taken_as_they_are():
     app = Recorder()
     rows, kwargs = rows_of()

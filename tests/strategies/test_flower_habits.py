@@ -17,6 +17,7 @@ import copy
 import re
 import inspect
 import logging
+import types
 from dataclasses import replace
 
 import numpy as np
@@ -418,6 +419,64 @@ def test_a_bad_round_rate_names_the_client():
     client = FedAvgClient(context(4), make_model(), make_data(8, 0), own_config())
     with pytest.raises(ConfigError, match="partition 4: the strategy sent learning-rate=0 .* must be a number > 0"):
         client.fit(get_arrays(client.model, "all"), {"server-round": 1, "learning-rate": 0})
+
+
+def _fedavg_fit(lr_own: float, extra: dict) -> list[np.ndarray]:
+    client = FedAvgClient(context(2), make_model(), make_data(8, 0), own_config())
+    tc = client.train_config
+    client.train_config = replace(tc, optimizer=replace(tc.optimizer, learning_rate=lr_own))
+    out, _, _ = client.fit(get_arrays(client.model, "all"), {"server-round": 1, **extra})
+    return out
+
+
+def test_flowers_lr_key_sets_the_round_rate_as_learning_rate_does():
+    """Flower's PyTorch examples send {"lr": ...}: it trains exactly as learning-rate (and as the
+    client's own rate), and differently from the client's own rate without it."""
+    by_lr = _fedavg_fit(0.4, {"lr": 0.02})
+    close(by_lr, _fedavg_fit(0.4, {"learning-rate": 0.02}), atol=0)
+    close(by_lr, _fedavg_fit(0.02, {}), atol=0)
+    close(by_lr, _fedavg_fit(0.4, {"lr": 0.02, "learning-rate": 0.02}), atol=0)  # both, equal: fine
+    assert any(not np.allclose(a, b, atol=1e-6) for a, b in zip(by_lr, _fedavg_fit(0.4, {})))
+
+
+@pytest.mark.parametrize("extra, match", [
+    ({"lr": 0.1, "learning-rate": 0.2}, r"partition 2: .*learning rate twice with different values \(learning-rate=0.2, lr=0.1\)"),
+    ({"lr": -1.0}, r"partition 2: the strategy sent lr=-1.0 .* must be a number > 0"),
+    ({"lr": "0.1"}, r"partition 2: the strategy sent lr='0.1'"),
+])
+def test_a_conflicting_or_bad_lr_is_refused_naming_the_keys(extra, match):
+    with pytest.raises(ConfigError, match=match):
+        _fedavg_fit(0.4, extra)
+
+
+def test_user_config_keys_the_clients_do_not_read_are_reported_once():
+    """Flower's examples send local_epochs / batch_size in the train config; the clients read only
+    the learning rate, so the others are named once at INFO (a key named for fit is not named
+    again for evaluate)."""
+    s = FedAvg(num_clients=2, initial_arrays=arrays_of(0), fit_config={"local_epochs": 3},
+               on_fit_config_fn=lambda r: {"lr": 0.1, "batch_size": 8},
+               on_evaluate_config_fn=lambda r: {"batch_size": 8, "tag": "x"})
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    FLOWER_LOGGER.addHandler(handler)
+    try:
+        for rnd in (1, 2):
+            s.fit_config(rnd)
+            s.evaluate_config(rnd)
+    finally:
+        FLOWER_LOGGER.removeHandler(handler)
+    caplog = types.SimpleNamespace(records=records)
+    reports = [r.getMessage() for r in caplog.records if "read only" in r.getMessage()]
+    assert reports == [
+        "FedAvg: fit_config / on_fit_config_fn sends ['batch_size', 'local_epochs'] to the clients; flwr_pfl's "
+        "clients read only ['learning-rate', 'lr'] from it (set the rest through the clients' options, e.g. the run "
+        "config's local-epochs and batch-size)",
+        "FedAvg: on_evaluate_config_fn sends ['tag'] to the clients; flwr_pfl's clients read only "
+        "['learning-rate', 'lr'] from it (set the rest through the clients' options, e.g. the run config's "
+        "local-epochs and batch-size)",
+    ]
+    assert all(r.levelno == logging.INFO for r in caplog.records if "read only" in r.getMessage())
 
 
 # ------------------------------------------------------------------------------------ evaluate_fn
