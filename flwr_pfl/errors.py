@@ -8,6 +8,14 @@ class ConfigError(ValueError):
     """
 
 
+class NumRoundsRequired(ConfigError):
+    """A strategy's option needs the run's total number of rounds, and none was given.
+
+    Flower's legacy strategies are never told the ``ServerConfig``'s rounds, so they must be
+    given ``num_rounds``; the Message-API classes wait for ``start(num_rounds=...)`` instead.
+    """
+
+
 class ReplyError(ValueError):
     """A client's reply does not fit the wire layout the strategy expects.
 

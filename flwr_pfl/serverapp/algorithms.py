@@ -13,6 +13,7 @@ import inspect
 from typing import Any
 
 from flwr_pfl import strategies
+from flwr_pfl.errors import NumRoundsRequired
 from flwr_pfl.serverapp.strategy import PFLMessageStrategy
 from flwr_pfl.strategies.base import PFLStrategy
 
@@ -50,11 +51,19 @@ def message_flavour(logic_class: type[PFLStrategy]) -> type[PFLMessageStrategy]:
 
     def __init__(self: PFLMessageStrategy, *args: Any, **kwargs: Any) -> None:
         kwargs = legacy_arguments(kwargs)
-        if "num_clients" in kwargs:
+
+        def build(num_clients: int, num_rounds: int) -> PFLStrategy:
+            return logic_class(*args, **{"num_rounds": num_rounds, **kwargs, "num_clients": num_clients})
+
+        if "num_clients" not in kwargs:  # as Flower's strategies: the federation's size is learned from
+            # the grid when the first round starts, and the arguments are checked then (their bounds
+            # depend on it: min_available_clients)
+            PFLMessageStrategy.__init__(self, build=build)
+            return
+        try:
             PFLMessageStrategy.__init__(self, logic_class(*args, **kwargs))
-        else:  # as Flower's strategies: the federation's size is learned from the grid at start(),
-            # and the arguments are checked then (their bounds depend on it: min_available_clients)
-            PFLMessageStrategy.__init__(self, build=lambda num_clients: logic_class(*args, num_clients=num_clients, **kwargs))
+        except NumRoundsRequired:  # start() is told num_rounds: build the logic then
+            PFLMessageStrategy.__init__(self, build=build, num_clients=kwargs["num_clients"])
 
     __init__.__signature__ = inspect.signature(logic_class.__init__)  # type: ignore[attr-defined]
     __init__.__doc__ = f"Build ``flwr_pfl.strategies.{logic_class.__name__}(*args, **kwargs)`` and drive it."

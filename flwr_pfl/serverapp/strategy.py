@@ -35,12 +35,16 @@ from flwr.serverapp.strategy import Result, Strategy
 from flwr_pfl import messages
 from flwr_pfl.app.nodes import ask_a_node, first_answer, partition_count, wait_for_nodes
 from flwr_pfl.clients.base import FEDERATION_QUERY, WIRE_LAYOUT_QUERY
+from flwr_pfl.errors import ConfigError
 from flwr_pfl.serverapp.layout import Layout, is_positional, parse_layout, record_arrays, select_wire_arrays, user_name
 from flwr_pfl.serverapp.nodes import EVALUATE, TRAIN, GridClientManager, MessageNode, NodeFailure, reply_content
 from flwr_pfl.strategies import hooks
 from flwr_pfl.strategies.base import PFLStrategy
 
 Res = TypeVar("Res", FitRes, EvaluateRes)
+#: how long a subclass's own round loop (which calls configure_train without start) waits for a
+#: first node when the federation's size must be learned from the grid: Flower's start() default
+DEFAULT_WAIT_SECONDS = 3600.0
 Failures = list[Any]
 
 
@@ -59,13 +63,21 @@ class PFLMessageStrategy(Strategy):
     initial arrays (a ``query.parameters`` message), as the legacy server asks a client.
     """
 
-    def __init__(self, logic: PFLStrategy | None = None, *, build: Callable[[int], PFLStrategy] | None = None) -> None:
+    def __init__(
+        self,
+        logic: PFLStrategy | None = None,
+        *,
+        build: Callable[[int, int], PFLStrategy] | None = None,
+        num_clients: int | None = None,
+    ) -> None:
         if (logic is None) == (build is None):
-            raise TypeError("give the round logic, or build (num_clients -> round logic) to make it at start()")
+            raise TypeError("give the round logic, or build ((num_clients, num_rounds) -> round logic) to make it "
+                            "when the first round starts")
         if logic is not None and not isinstance(logic, PFLStrategy):
             raise TypeError(f"logic must be a flwr_pfl PFLStrategy, got {type(logic).__name__}")
         self._logic = logic
         self._build = build
+        self._num_clients = num_clients  # for build; None: learned from the grid
         #: names of the global arrays on the wire (None: unknown; arrays named by position)
         self.wire_names: list[str] | None = None
         self._manager: GridClientManager | None = None
@@ -79,13 +91,46 @@ class PFLMessageStrategy(Strategy):
 
     @property
     def logic(self) -> PFLStrategy:
-        """The round logic (built by :meth:`start` when the strategy was made without ``num_clients``)."""
+        """The round logic. A strategy made without ``num_clients`` (or one whose logic needs the
+        run's rounds, which only ``start`` is told) builds it when the first round starts:
+        in :meth:`start`, or in the first :meth:`configure_train` of a subclass that runs its own
+        round loop, as Flower's advanced-pytorch example does."""
         if self._logic is None:
             raise RuntimeError(
-                f"{type(self).__name__}'s round logic is built by start(), once the federation's size is known; "
-                "give num_clients to build it at once"
+                f"{type(self).__name__}'s round logic is built when the first round starts (start() or the first "
+                "configure_train), once the federation's size is known; give num_clients (and num_rounds) to the "
+                "constructor to build it at once"
             )
         return self._logic
+
+    def ensure_logic(self, grid: Grid, timeout: float, num_rounds: int = 0) -> PFLStrategy:
+        """The round logic, built now if it is not yet: with ``num_clients`` from the constructor
+        or the grid (:meth:`federation_size`), and ``num_rounds`` (0: unknown)."""
+        if self._logic is None:
+            assert self._build is not None
+            size = self._num_clients if self._num_clients is not None else self.federation_size(grid, timeout)
+            self._logic = self._build(size, num_rounds)
+        return self._logic
+
+    def adopt_num_rounds(self, num_rounds: int) -> None:
+        """Tell the round logic the run's rounds that ``start`` was given, when its constructor
+        was not; a constructor's ``num_rounds`` that disagrees with them is refused (the last
+        round, which several algorithms treat differently, would be the wrong one).
+
+        Raises:
+            ConfigError: the two numbers differ (both are named).
+        """
+        logic = self.logic
+        total = logic.round_offset + num_rounds
+        if not logic.num_rounds:
+            logic.num_rounds = total
+        elif logic.num_rounds != total:
+            done = f" after the {logic.round_offset} rounds resumed" if logic.round_offset else ""
+            raise ConfigError(
+                f"{type(self).__name__}(num_rounds={logic.num_rounds}) but start(num_rounds={num_rounds}){done}: "
+                f"the run would end at round {total}; pass the same number to both, or leave num_rounds out of the "
+                "constructor (start() tells it)"
+            )
 
     def start(
         self,
@@ -99,10 +144,10 @@ class PFLMessageStrategy(Strategy):
     ) -> Result:
         """Flower's ``start``. A strategy made without ``num_clients`` (as Flower's own are: they
         sample among the nodes there are) first learns the federation's size from the grid
-        (:meth:`federation_size`) and builds its round logic with it."""
-        if self._logic is None:
-            assert self._build is not None
-            self._logic = self._build(self.federation_size(grid, timeout))
+        (:meth:`federation_size`) and builds its round logic with it; ``num_rounds`` is the
+        logic's too (:meth:`adopt_num_rounds`)."""
+        self.ensure_logic(grid, timeout, num_rounds)
+        self.adopt_num_rounds(num_rounds)
         return super().start(grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, evaluate_fn)
 
     def federation_size(self, grid: Grid, timeout: float) -> int:
@@ -194,6 +239,7 @@ class PFLMessageStrategy(Strategy):
 
     # ---------------------------------------------------------------- Message-API steps
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        self.ensure_logic(grid, DEFAULT_WAIT_SECONDS)  # a subclass's own round loop may not call start()
         manager = self.manager(grid)
         parameters = self.parameters_of(arrays, manager)
         if not self._started:  # the legacy loop evaluates the initial arrays before round 1
@@ -217,6 +263,7 @@ class PFLMessageStrategy(Strategy):
         return out
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        self.ensure_logic(grid, DEFAULT_WAIT_SECONDS)
         manager = self.manager(grid)
         instructions = self.logic.configure_evaluate(server_round, self.parameters_of(arrays, manager), manager)
         return self._send(EVALUATE, server_round, instructions, config)
@@ -233,6 +280,10 @@ class PFLMessageStrategy(Strategy):
         return out
 
     def summary(self) -> None:
+        if self._logic is None:  # Flower's examples log the summary before the first round
+            log(INFO, "\t└── flwr_pfl round logic: %s, built when the first round starts (the federation's size "
+                "is learned then)", type(self).__name__)
+            return
         logic = self.logic
         log(INFO, "\t├── flwr_pfl round logic: %s (%s)", type(logic).__name__, logic.name)
         log(INFO, "\t├── clients: %d, fraction fit %s, fraction evaluate %s, min available %d",

@@ -37,7 +37,7 @@ from flwr.server.strategy import FedAvg
 from flwr_pfl.core.aggregation import weighted_average
 from flwr_pfl.core.metrics import aggregate_client_metrics
 from flwr_pfl.core.robust import clip_update, trimmed_mean, update_norm
-from flwr_pfl.errors import ConfigError, ReplyError
+from flwr_pfl.errors import ConfigError, NumRoundsRequired, ReplyError
 from flwr_pfl.strategies import hooks
 from flwr_pfl.strategies.decode import decode_arrays
 from flwr_pfl.strategies.sampling import PARTITION_QUERY, in_partition_order, sample_indices, sampling_rng
@@ -321,7 +321,7 @@ class PFLStrategy(FedAvg):
     def require_num_rounds(self, what: str, alternative: str) -> None:
         """Refuse to build when ``what`` needs the run's total rounds and none was given."""
         if not self.num_rounds:
-            raise ConfigError(
+            raise NumRoundsRequired(
                 f"{type(self).__name__}: {what} needs the run's total number of rounds, which Flower's legacy "
                 f"strategies are never told: pass num_rounds=<the ServerConfig's num_rounds>, or {alternative}"
             )

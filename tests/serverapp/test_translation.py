@@ -64,7 +64,7 @@ class Recorder:
 
 def rows_of(strategy_kwargs: dict | None = None) -> tuple[list[tuple[int, str, dict]], dict]:
     rows: list[tuple[int, str, dict]] = []
-    kwargs = {"num_clients": 3, "num_rounds": 2, "on_round": lambda r, phase, m, c: rows.append((r, phase, m)), **(strategy_kwargs or {})}
+    kwargs = {"num_clients": 3, "on_round": lambda r, phase, m, c: rows.append((r, phase, m)), **(strategy_kwargs or {})}
     return rows, kwargs
 
 
@@ -197,6 +197,42 @@ def test_flowers_lr_in_the_train_config_sets_the_clients_rate():
     start = [a.numpy() for a in state_dict_record().values()]
     assert all(np.array_equal(a, b) for a, b in zip(final(1e-30), start))
     assert any(not np.allclose(a, b) for a, b in zip(final(0.1), start))
+
+
+class OwnLoopFedAvg(FedAvg):
+    """Flower's advanced-pytorch habits: a strategy made without num_clients whose start() is its
+    own round loop (it never calls super().start()), logging summary() first, and whose
+    configure_train halves the train config's "lr" from round 2."""
+
+    def configure_train(self, server_round, arrays, config, grid):
+        if server_round == 2:
+            config["lr"] = config["lr"] * 0.5
+        self.sent_lr = config["lr"]
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def start(self, grid, initial_arrays, num_rounds=3, timeout=3600, train_config=None, evaluate_config=None,
+              evaluate_fn=None):
+        self.summary()
+        arrays, history = initial_arrays, []
+        for current_round in range(1, num_rounds + 1):
+            replies = grid.send_and_receive(self.configure_train(current_round, arrays, train_config, grid), timeout=timeout)
+            new_arrays, _ = self.aggregate_train(current_round, replies)
+            arrays = new_arrays if new_arrays is not None else arrays
+            replies = grid.send_and_receive(self.configure_evaluate(current_round, arrays, evaluate_config or ConfigRecord(), grid),
+                                            timeout=timeout)
+            history.append((self.sent_lr, self.aggregate_evaluate(current_round, replies)))
+        return arrays, history
+
+
+def test_a_subclass_with_its_own_round_loop_runs_as_in_flowers_advanced_example():
+    app = Recorder()
+    arrays, history = OwnLoopFedAvg(fraction_evaluate=1.0).start(
+        InProcessGrid(app, 3, {}), state_dict_record(), num_rounds=2, train_config=ConfigRecord({"lr": 0.1}))  # type: ignore[arg-type]
+    assert [lr for lr, _ in history] == [0.1, 0.05]  # the schedule reached the clients
+    assert [m.content.config_records[messages.CONFIG]["lr"] for m in app.of_type("train")] == [0.1] * 3 + [0.05] * 3
+    assert all(metrics is not None and metrics["num_clients"] == 3 for _, metrics in history)
+    start = [a.numpy() for a in state_dict_record().values()]
+    assert any(not np.allclose(a.numpy(), b) for a, b in zip(arrays.values(), start))
 
 
 def test_positional_initial_arrays_are_taken_as_they_are():
