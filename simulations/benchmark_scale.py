@@ -23,7 +23,13 @@ and resumed. Reported per configuration:
   ``Theta_hat = M Theta`` is in it);
 * peak memory: in-process, the process's peak RSS; under ``flwr run``, the largest summed RSS of
   all the run's processes (SuperLink, simulation process with the ServerApp, Ray and its actors)
-  and the simulation process's own peak.
+  and the simulation process's own peak;
+* server state: the bytes of every array in the run's final checkpoint (the global arrays and
+  whatever the strategy keeps between rounds: cluster models, per-client models, an affinity
+  matrix, a hypernetwork and its embeddings), the part of the server's memory that grows with K
+  for the algorithms that keep per-client state;
+* wire (in-process): the array bytes sent to and received from the clients, per round (the run's
+  total over its 4 rounds, so round 1's setup exchanges are spread over them).
 
 Each round and peak memory is also given as a ratio to FedAvg's at the same K and engine (in-process
 rounds in CPU seconds). The markdown table also gives, per algorithm and engine, the exponent b of a least-squares fit
@@ -76,8 +82,22 @@ def child_inprocess(config: dict[str, Any]) -> None:
     from flwr_pfl.app.server_app import app as server_app
 
     clock = RoundClock()
-    run_inprocess(server_app, client_app, config["num-clients"], config)
-    report({"peak_memory_mb": peak_memory_mb(), "round_cpu_seconds": clock.steady(last=STEADY.stop)[1]})
+    grid = run_inprocess(server_app, client_app, config["num-clients"], config)
+    report({"peak_memory_mb": peak_memory_mb(), "round_cpu_seconds": clock.steady(last=STEADY.stop)[1],
+            "sent_mb_per_round": grid.bytes_sent / ROUNDS / 2**20, "received_mb_per_round": grid.bytes_received / ROUNDS / 2**20})
+
+
+def server_state_mb(run_dir: Path) -> float:
+    """Bytes of every array in the run's final checkpoint (MiB); NaN without one."""
+    import numpy as np
+
+    from flwr_pfl.app.checkpoint import CHECKPOINT_NAME
+
+    path = run_dir / CHECKPOINT_NAME
+    if not path.exists():
+        return float("nan")
+    with np.load(path, allow_pickle=False) as saved:
+        return sum(saved[name].nbytes for name in saved.files) / 2**20
 
 
 def measure(args: argparse.Namespace, engine: str, algorithm: str, clients: int) -> dict[str, Any]:
@@ -96,6 +116,7 @@ def measure(args: argparse.Namespace, engine: str, algorithm: str, clients: int)
             "first_round_seconds": times["rounds"][0],
             "server_seconds": mean(times["aggregate"][STEADY]),
             "rounds_seconds": times["rounds"],
+            "server_state_mb": server_state_mb(args.out / "runs" / "scale" / name),
         }
     return result | {"engine": engine, "algorithm": algorithm, "clients": clients, "config": config}
 
@@ -132,10 +153,13 @@ def table(results: list[dict[str, Any]]) -> str:
             fmt(r.get("wall_seconds")), fmt(r.get("server_seconds")) if ok else "",
             fmt(r.get("peak_memory_mb")) if ok else "", versus(r, base, lambda x: x["peak_memory_mb"]),
             fmt(r.get("server_peak_mb")) if ok else "",
+            fmt(r.get("server_state_mb")) if ok else "",
+            fmt(r.get("sent_mb_per_round")) if ok else "", fmt(r.get("received_mb_per_round")) if ok else "",
         ])
     text = markdown_table(
         ["algorithm", "engine", "K", "sampled", "round (s)", "round CPU (s)", "round vs FedAvg", "first round (s)",
-         "total (s)", "server (s)", "peak memory (MiB)", "peak memory vs FedAvg", "ServerApp process peak (MiB)"], rows)
+         "total (s)", "server (s)", "peak memory (MiB)", "peak memory vs FedAvg", "ServerApp process peak (MiB)",
+         "server state (MiB)", "sent per round (MiB)", "received per round (MiB)"], rows)
     text += ("\n\n\"vs FedAvg\": against FedAvg at the same K and engine, each measured in a fresh process "
              "(round: CPU seconds in-process, wall seconds under `flwr run`).")
     slopes = []
@@ -149,10 +173,12 @@ def table(results: list[dict[str, Any]]) -> str:
                        fmt(loglog_slope(ks, [r["round_seconds"] for r in rs]), 2),
                        fmt(loglog_slope(ks, [r.get("round_cpu_seconds", float("nan")) for r in rs]), 2),
                        fmt(loglog_slope(ks, [r["server_seconds"] for r in rs]), 2),
-                       fmt(loglog_slope(ks, [r["peak_memory_mb"] for r in rs]), 2)])
+                       fmt(loglog_slope(ks, [r["peak_memory_mb"] for r in rs]), 2),
+                       fmt(loglog_slope(ks, [r.get("server_state_mb", float("nan")) for r in rs]), 2),
+                       fmt(loglog_slope(ks, [r.get("sent_mb_per_round", float("nan")) for r in rs]), 2)])
     text += ("\n\nGrowth with K (exponent b of time ~ K^b, least squares on log-log over K >= 100; "
-             "1 = linear):\n\n" + markdown_table(["algorithm", "engine", "K measured", "round", "round CPU", "server", "peak memory"],
-                                                  slopes))
+             "1 = linear):\n\n" + markdown_table(["algorithm", "engine", "K measured", "round", "round CPU", "server",
+                                                   "peak memory", "server state", "sent per round"], slopes))
     return text
 
 
