@@ -59,7 +59,8 @@ class FinetuneOptions:
 @dataclass(frozen=True)
 class FedProxOptions:
     """FedProx: ``mu`` is the proximal coefficient of Eq. 2 (Li et al.); 0 is FedAvg. The suite's
-    default is 0.01; FedDAR's and FMTL's experiments use 0.1 (presets/fedprox_*.toml)."""
+    default is 0.01; FedDAR's experiments use 0.1, FMTL's paper leaves mu unstated and its preset
+    takes FedRep's code default, 0.1 (presets/fedprox_*.toml)."""
 
     mu: float = 0.01
 
