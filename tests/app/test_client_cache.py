@@ -161,3 +161,91 @@ def test_client_data_beyond_the_budget_is_dropped_least_recent_first(tmp_path, d
     monkeypatch.setattr(client_cache, "DATA_BUDGET_BYTES", 1)  # keeps the newest partition only
     build_client(node(cfg, 2))
     assert list(run._data) == [(2, NUM_CLIENTS, None)]
+
+
+# ------------------------------------------------------------------------------ unit contracts
+def _client_data(n: int) -> "client_cache.ClientData":
+    """A partition of ``n`` training samples of 4 float32 features: 16 n + 8 n + 8 n = 32 n bytes."""
+    from flwr_pfl.data.types import ArraySplit, ClientData
+
+    split = ArraySplit(torch.zeros(n, 4), torch.zeros(n, dtype=torch.long), torch.zeros(n, dtype=torch.long))
+    empty = ArraySplit(torch.zeros(0, 4), torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long))
+    return ClientData(train=split, val=empty, test=empty, num_classes=2, num_domains=1, input_shape=(4,))
+
+
+def _loads(run: client_cache.RunCache, pids: list[int], counter: dict[int, int]) -> None:
+    for pid in pids:
+        def load(pid: int = pid) -> client_cache.ClientData:
+            counter[pid] = counter.get(pid, 0) + 1
+            return _client_data(10)  # 320 bytes each
+        run.client_data(pid, 4, load)
+
+
+def test_the_data_budget_counts_every_partitions_bytes_and_evicts_only_what_exceeds_it(monkeypatch):
+    """Budget 800 bytes, partitions of 320: two fit (640), a third (960) evicts the oldest; after
+    the eviction the count is 640 again, so a fourth load evicts exactly one more; a total equal to
+    the budget is kept."""
+    from flwr_pfl.app.appdir import default_run_config
+
+    run = client_cache.RunCache(1, default_run_config({}))
+    monkeypatch.setattr(client_cache, "DATA_BUDGET_BYTES", 800)
+    loads: dict[int, int] = {}
+    _loads(run, [0, 1], loads)
+    assert [k[0] for k in run._data] == [0, 1] and run._data_bytes == 640
+    _loads(run, [2], loads)
+    assert [k[0] for k in run._data] == [1, 2] and run._data_bytes == 640
+    _loads(run, [0], loads)  # reloaded; 1 goes, 2 stays
+    assert [k[0] for k in run._data] == [2, 0] and run._data_bytes == 640
+    _loads(run, [2], loads)  # still cached: not loaded again, and now the most recent
+    assert loads == {0: 2, 1: 1, 2: 1} and [k[0] for k in run._data] == [0, 2]
+    monkeypatch.setattr(client_cache, "DATA_BUDGET_BYTES", 960)
+    _loads(run, [3], loads)  # 960 == the budget: nothing is dropped
+    assert [k[0] for k in run._data] == [0, 2, 3] and run._data_bytes == 960
+
+
+def test_a_new_run_cache_counts_no_bytes():
+    from flwr_pfl.app.appdir import default_run_config
+
+    assert client_cache.RunCache(1, default_run_config({}))._data_bytes == 0
+
+
+def test_inside_a_message_each_architecture_has_its_own_pool_and_models_go_back_at_its_end():
+    from flwr_pfl.app.appdir import default_run_config
+
+    cache = client_cache.ClientCache()
+    run = cache.run(1, default_run_config({}))
+    with cache.message():
+        mlp = cache.model(run, "mlp", lambda: build_model("mlp", (6,), 3))
+        other = cache.model(run, "mlp-wide", lambda: build_model("mlp", (9,), 3))
+        assert mlp is not other and mlp.heads[0].out_features == 3
+        assert next(other.parameters()).shape != next(mlp.parameters()).shape  # each key its own build
+    with cache.message():  # given back at the end of the last message: leased again
+        assert cache.model(run, "mlp", lambda: build_model("mlp", (6,), 3)) is mlp
+        assert cache.model(run, "mlp-wide", lambda: build_model("mlp", (9,), 3)) is other
+    fresh = cache.model(run, "mlp", lambda: build_model("mlp", (6,), 3))  # outside a message: a new build
+    assert fresh is not mlp
+
+
+def test_giving_back_a_model_the_pool_never_leased_is_a_no_op():
+    pool = client_cache.ModelPool(lambda: build_model("mlp", (6,), 3))
+    stranger = build_model("mlp", (6,), 3)
+    pool.give_back(stranger)  # neither raises nor adds it to the pool
+    model = pool.take()
+    assert model is not stranger
+    pool.give_back(model)
+    pool.give_back(model)  # twice: the second is a no-op too
+    assert pool.take() is model and pool.take() is not model
+
+
+def test_reset_restores_batchnorm_running_statistics_and_counters():
+    template = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    pool = client_cache.ModelPool(lambda: template)
+    model = pool.take()
+    model.train()
+    model(torch.randn(8, 4) * 5 + 3)  # moves the running statistics and the batch counter
+    assert not torch.equal(model[1].running_mean, template[1].running_mean)
+    pool.give_back(model)
+    again = pool.take()
+    assert again is model
+    for name, buffer in again.named_buffers():
+        assert torch.equal(buffer, dict(template.named_buffers())[name]), name
