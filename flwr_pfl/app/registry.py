@@ -83,7 +83,7 @@ def get_algorithm(name: str) -> AlgorithmSpec:
 
 
 #: modules under flwr_pfl.app.entries that register algorithms when imported
-ENTRY_MODULES = ("baselines", "pfedfda", "fmtl", "fedgp", "feddar", "fedora", "ditto", "apfl", "perfedavg", "pfedme", "fedrod", "fedpac")
+ENTRY_MODULES = ("baselines", "pfedfda", "fmtl", "fedgp", "feddar", "fedora", "ditto", "apfl", "perfedavg", "pfedme", "fedrod", "fedpac", "ifca", "knnper", "fedamp", "pfedhn", "fedfomo")
 
 for _module in ENTRY_MODULES:
     importlib.import_module(f"flwr_pfl.app.entries.{_module}")

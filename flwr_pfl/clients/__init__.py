@@ -16,11 +16,17 @@ from flwr_pfl.clients.perfedavg import PerFedAvgClient
 from flwr_pfl.clients.pfedme import PFedMeClient
 from flwr_pfl.clients.fedrod import FedRoDClient
 from flwr_pfl.clients.fedpac import FedPACClient
+from flwr_pfl.clients.knnper import KNNPerClient
+from flwr_pfl.clients.ifca import IFCAClient
+from flwr_pfl.clients.fedamp import FedAMPClient
+from flwr_pfl.clients.pfedhn import PFedHNClient
+from flwr_pfl.clients.fedfomo import FedFomoClient
 
 __all__ = [
-    "APFLClient", "DittoClient", "FEDORAClient", "FedAvgClient", "FedBABUClient", "FedBNClient",
-    "FedDARClient", "FedFMTLClient", "FedGPClient", "FedPACClient", "FedPerClient", "FedProxClient",
-    "FedProxFinetuneClient", "FedRepClient", "FedRoDClient", "FinetuneClient", "LGFedAvgClient", "LocalClient",
-    "LocalData", "PFLClient", "PFedFDAClient", "PFedMeClient", "PerFedAvgClient", "ReweightedFedAvgClient",
+    "APFLClient", "DittoClient", "FedAMPClient", "FedAvgClient", "FedBABUClient", "FedBNClient",
+    "FedDARClient", "FedFMTLClient", "FedFomoClient", "FedGPClient", "FEDORAClient", "FedPACClient",
+    "FedPerClient", "FedProxClient", "FedProxFinetuneClient", "FedRepClient", "FedRoDClient",
+    "FinetuneClient", "IFCAClient", "KNNPerClient", "LGFedAvgClient", "LocalClient", "LocalData",
+    "PerFedAvgClient", "PFedFDAClient", "PFedHNClient", "PFedMeClient", "PFLClient", "ReweightedFedAvgClient",
     "SeparateFedAvgClient", "TrainConfig",
 ]

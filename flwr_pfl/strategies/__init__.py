@@ -13,10 +13,15 @@ from flwr_pfl.strategies.perfedavg import PerFedAvg
 from flwr_pfl.strategies.pfedme import PFedMe
 from flwr_pfl.strategies.fedrod import FedRoD
 from flwr_pfl.strategies.fedpac import FedPAC
+from flwr_pfl.strategies.knnper import KNNPer
+from flwr_pfl.strategies.ifca import IFCA
+from flwr_pfl.strategies.fedamp import FedAMP
+from flwr_pfl.strategies.pfedhn import PFedHN
+from flwr_pfl.strategies.fedfomo import FedFomo
 
 __all__ = [
-    "APFL", "Ditto", "FEDORA", "FedAvg", "FedAvgMultiHead", "FedBABU", "FedBN", "FedDA", "FedDAR", "FedFMTL",
-    "FedGP", "FedPAC", "FedPer", "FedProx", "FedProxFinetune", "FedRep", "FedRoD", "Finetune", "LGFedAvg",
-    "Local", "PFLStrategy", "PFedFDA", "PFedMe", "PerFedAvg", "ReweightedFedAvg", "SeparateFedAvg",
-    "SourceOnly", "TargetOnly",
+    "APFL", "Ditto", "FedAMP", "FedAvg", "FedAvgMultiHead", "FedBABU", "FedBN", "FedDA", "FedDAR", "FedFMTL",
+    "FedFomo", "FedGP", "FEDORA", "FedPAC", "FedPer", "FedProx", "FedProxFinetune", "FedRep", "FedRoD",
+    "Finetune", "IFCA", "KNNPer", "LGFedAvg", "Local", "PerFedAvg", "PFedFDA", "PFedHN", "PFedMe",
+    "PFLStrategy", "ReweightedFedAvg", "SeparateFedAvg", "SourceOnly", "TargetOnly",
 ]

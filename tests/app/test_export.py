@@ -30,9 +30,9 @@ ROUNDS = 3
 PERSONAL = {"local": "all", "fedora": "all", "finetune": "all", "fedprox-ft": "all", "fedbabu": "all",
             "fedrep": "heads", "fedper": "heads", "pfedfda": "heads", "lg-fedavg": "body",
             "ditto": "all", "apfl": "all", "per-fedavg": "all", "pfedme": "all",
-            "fedrod": "personal head", "fedpac": "heads"}  # fedrod: its own keys, fedrod:personal_head.<name>
+            "fedrod": "personal head", "fedpac": "heads", "ifca": "all", "fedamp": "all", "pfedhn": "all", "fedfomo": "all", "knn-per": "datastore"}  # fedrod: its own keys, fedrod:personal_head.<name>
 #: what model.pt holds: the whole model unless listed (None: no global model, no model.pt)
-GLOBAL = {"local": None, "fedora": None, "fedrep": "body", "fedper": "body", "pfedfda": "body", "lg-fedavg": "heads"}
+GLOBAL = {"local": None, "fedora": None, "fedamp": None, "pfedhn": None, "fedfomo": None, "fedrep": "body", "fedper": "body", "pfedfda": "body", "lg-fedavg": "heads"}
 DOMAIN_FAMILY = ("feddar", "feddar-sa", "feddar-wa", "separate-fedavg", "fedavg-rw", "fedavg-mh")
 TARGET_FAMILY = ("fedgp", "fedda", "target-only", "source-only")
 
@@ -90,6 +90,9 @@ def evaluate_exported(client: PFLClient, algorithm: str, state: dict[str, torch.
         client.model.load_state_dict({k: v for k, v in state.items() if ":" not in k}, strict=True)
         client.load_personal_state(state)
         return client.local_evaluate({})
+    if algorithm == "knn-per":  # the datastore and lambda sit beside the model: knn-per:<what>
+        client.model.load_state_dict({k: v for k, v in state.items() if ":" not in k}, strict=True)
+        return client.evaluate_personal(state)
     client.model.load_state_dict(state, strict=True)
     return client.evaluate_on(client.data.test)
 
@@ -121,7 +124,7 @@ def test_the_exported_models_are_the_final_ones(tmp_path, dataset, algorithm, mo
             assert tensor.dtype == torch.from_numpy(np.asarray(array)).dtype and np.array_equal(tensor.numpy(), array), name
         if algorithm != "separate-fedavg":
             assert list(global_state) == group_keys(probe.model, GLOBAL.get(algorithm, "all"))
-        assert (algorithm in ("pfedfda", "fedpac")) == bool(extras)
+        assert (algorithm in ("pfedfda", "fedpac", "ifca")) == bool(extras)  # ifca: clusters 1 .. k-1
 
     # each client's personal part, and the evaluation it reproduces
     for context in grid.contexts.values():
@@ -135,6 +138,8 @@ def test_the_exported_models_are_the_final_ones(tmp_path, dataset, algorithm, mo
             client = fresh_client(context)
             if algorithm == "fedrod":
                 assert list(personal) == list(client.personal_state())
+            elif algorithm == "knn-per":  # the last evaluation's datastore and lambda
+                assert list(personal) == ["knn-per:features", "knn-per:labels", "knn-per:lambda"]
             else:
                 assert list(personal) == group_keys(client.model, PERSONAL[algorithm])
             record = json.loads((out / "clients" / f"{pid}.json").read_text())

@@ -34,6 +34,9 @@ OPTIONS = {
     "fedgp": {"warmup_rounds": 1},
     "fedda": {"warmup_rounds": 1},
     "feddar": {"head_epochs": 1},
+    "ifca": {"num_clusters": 2, "share_body": True},
+    "fedamp": {"alpha_k": 0.1},
+    "fedfomo": {"num_models": 1, "epsilon": 0.5},
 }
 BODY = ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
 

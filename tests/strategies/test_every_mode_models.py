@@ -54,8 +54,13 @@ class Case:
             the rounds up to ``fmtl.t1-rounds``, unchanged afterwards: heads-only rounds),
             ``sources-mean`` (the example-weighted mean of the source clients' replies, the
             target's left out), ``target`` (the target's reply), ``per-domain-mean`` (model m:
-            the mean weighted by each client's samples of domain m), ``propagated`` (client k
-            receives sum_j P[k, j] theta_j, P the propagation matrix), ``never-sent`` (nothing
+            the mean weighted by each client's samples of domain m), ``per-cluster-mean`` (cluster
+            j's copy: the example-weighted mean of the replies that picked cluster j, the copy
+            the round started from when none did), ``propagated`` (client k
+            receives sum_j P[k, j] theta_j, P the propagation matrix), ``own-latest`` (client k
+            receives its own latest uploaded statistics back: FedAMP combines parameters only, FedFomo
+            mixes them on the client),
+            ``never-sent`` (nothing
             crosses the wire) or ``kept-local`` (the rest of the model crosses the wire, the
             normalisation layers never do: each client's statistics are its own).
         personal_head: each client ends with its own head (else the server's one head).
@@ -88,7 +93,9 @@ CASES: dict[str, Case] = {
                        evaluation_draws="it adapts a copy on shuffled training batches first"),
     "pfedme": Case({"lam": 5.0, "k": 3, "personal_lr": 0.02, "beta": 1.5}),
     "fedrod": Case(),
+    "knn-per": Case({"k": 3, "lambda_step": 0.25, "capacity": 0.5, "temperature": 0.5}),
     "fedpac": Case({"lam": 2.0, "head_epochs": 2}, personal_head=True),
+    "ifca": Case({"num_clusters": 3}, buffers="per-cluster-mean"),
     "feddar": Case({"head_epochs": 1, "rep_epochs": 2, "sa_weighting": "client_count"}),
     "feddar-sa": Case({"head_epochs": 1}),
     "feddar-wa": Case({"head_epochs": 2, "head_lr_scale": 0.5}),
@@ -98,6 +105,10 @@ CASES: dict[str, Case] = {
     "pfedfda": Case({"stats_source": "fresh_pass"}, personal_head=True, head_on_wire=False,
                     evaluation_draws="beta's cross-validation folds follow the order of the shuffled training loader"),
     "fedora": Case({"local_baseline": False}, buffers="propagated", personal_head=True),
+    "pfedhn": Case({"inner_steps": 0, "embed_dim": 2, "hidden_dim": 7, "n_hidden": 1, "server_clip_norm": 0.5},
+                   buffers="kept-local", personal_head=True),
+    "fedfomo": Case({"num_models": 1, "epsilon": 0.5, "candidates": "all"}, buffers="own-latest", personal_head=True),
+    "fedamp": Case({"alpha_k": 0.2, "lam": 0.5, "sigma": 2.0}, buffers="own-latest", personal_head=True),
     "fmtl": Case({"t1_rounds": 1, "body_weighting": "num_examples"}, buffers="mean-then-kept"),
     "fedgp": Case({"warmup_rounds": 1}, buffers="sources-mean"),
     "fedda": Case({"warmup_rounds": 1, "beta": 0.3}, buffers="sources-mean"),
@@ -365,6 +376,9 @@ def test_the_server_combines_the_batchnorm_running_statistics_as_the_algorithm_s
             if case.buffers == "propagated":
                 checked += _check_propagated(run, server_round, positions, replies)
                 continue
+            if case.buffers == "own-latest":
+                checked += _check_own_latest(run, server_round, positions, replies)
+                continue
             assert out is not None
             for copy_index, i in enumerate(positions):
                 if case.buffers == "mean" or (case.buffers == "mean-then-kept" and server_round <= case.options["t1_rounds"]):
@@ -380,6 +394,11 @@ def test_the_server_combines_the_batchnorm_running_statistics_as_the_algorithm_s
                     expected = target[2][i]
                 elif case.buffers == "per-domain-mean":
                     expected = _weighted([r[2][i] for r in fit_replies], [r[2][-1][copy_index] for r in fit_replies])
+                elif case.buffers == "per-cluster-mean":  # a reply is one model: the statistics at positions[0]
+                    members = [r for r in replies if r[3]["ifca_cluster"] == copy_index]
+                    start = [m.received[i] for m in run.messages if m.kind == "fit" and m.config["server-round"] == server_round]
+                    expected = (_weighted([r[2][positions[0]] for r in members], [r[1] for r in members]) if members
+                                else start[0])
                 else:  # pragma: no cover
                     raise AssertionError(f"unknown rule {case.buffers!r}")
                 if np.issubdtype(out[i].dtype, np.integer):
@@ -389,6 +408,19 @@ def test_the_server_combines_the_batchnorm_running_statistics_as_the_algorithm_s
                 checked += 1
             previous = out
     assert checked
+
+
+def _check_own_latest(run: Run, server_round: int, positions: list[int], replies) -> int:
+    """Client k's next instruction (round ``server_round + 1``'s fit; after the last round, its
+    evaluate instruction) carries k's own uploaded statistics and counter at ``positions``, bit for bit."""
+    kind, wanted = ("evaluate", ROUNDS) if server_round == ROUNDS else ("fit", server_round + 1)
+    received = {m.pid: m.received for m in run.messages if m.kind == kind and m.config.get("server-round") == wanted}
+    uploads = {pid: arrays for pid, _, arrays, _ in replies}
+    assert sorted(received) == sorted(uploads) == list(range(NUM_CLIENTS))
+    for pid, arrays in received.items():
+        for i in positions:
+            assert arrays[i].dtype == uploads[pid][i].dtype and np.array_equal(arrays[i], uploads[pid][i]), (pid, i)
+    return len(received) * len(positions)
 
 
 def _check_propagated(run: Run, server_round: int, positions: list[int], replies) -> int:
