@@ -228,3 +228,83 @@ def test_two_nodes_with_one_partition_id_are_refused_naming_both(tmp_path, blobs
     grid.contexts[1002].node_config["partition-id"] = 0
     with pytest.raises(ConfigError, match="nodes 1000 and 1002 both have partition-id=0"):
         server_app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=config))
+
+
+# ---------------------------------------------------------------- every data setting, named and read
+@pytest.fixture()
+def npz_file(tmp_path) -> Path:
+    path = tmp_path / "d.npz"
+    np.savez(path, x=np.zeros((4, 2), np.float32), y=np.zeros(4, np.int64))
+    return path
+
+
+@pytest.mark.parametrize(("more", "message"), [
+    ({"data-test-fraction": 1.0}, r"node 7 \(partition 1\): node config data-test-fraction=1.0 must be a number in \[0, 1\)"),
+    ({"data-test-fraction": -0.1}, r"node 7 \(partition 1\): node config data-test-fraction=-0.1 must be a number in \[0, 1\)"),
+    ({"data-split-seed": -1}, r"node 7 \(partition 1\): node config data-split-seed=-1 must be an integer >= 0"),
+    ({"image-size": "28x0"}, r"node 7 \(partition 1\): node config image-size='28x0' must be '<height>x<width>', e.g. '28x28'"),
+    ({"image-size": "0x28"}, r"node 7 \(partition 1\): node config image-size='0x28' must be"),
+    ({"image-size": "x28"}, r"image-size='x28' must be"),
+    ({"image-size": "28x"}, r"image-size='28x' must be"),
+    ({"image-size": 28}, r"node 7 \(partition 1\): node config image-size=28 must be a non-empty string"),
+    ({"image-channels": 2}, r"node 7 \(partition 1\): node config image-channels=2 must be 1 or 3"),
+    ({"image-channels": True}, r"image-channels=True must be 1 or 3"),
+    ({"num-classes": -1}, r"node 7 \(partition 1\): node config num-classes=-1 must be an integer >= 0"),
+    ({"num-domains": -1}, r"node 7 \(partition 1\): node config num-domains=-1 must be an integer >= 0"),
+    ({"num-domains": 1.5}, r"node 7 \(partition 1\): node config num-domains=1.5 must be an integer >= 0"),
+])
+def test_each_bad_data_setting_names_the_node_the_key_the_value_and_what_is_allowed(npz_file, more, message):
+    with pytest.raises(NodeSettingsError, match=message):
+        settings(npz_file, **more)
+
+
+def test_the_data_settings_are_read_as_given(npz_file):
+    spec = settings(npz_file, **{"data-test-fraction": 0, "data-split-seed": 0, "num-classes": 0, "num-domains": 0,
+                                 "image-size": "28X32", "image-channels": 1}).data
+    assert (spec.test_fraction, spec.split_seed, spec.num_classes, spec.num_domains, spec.image_size,
+            spec.image_channels) == (0.0, 0, 0, 0, (28, 32), 1)
+    spec = settings(npz_file, **{"num-classes": 12, "num-domains": 4, "data-split-seed": 5}).data
+    assert (spec.num_classes, spec.num_domains, spec.split_seed, spec.test_fraction, spec.image_size,
+            spec.image_channels) == (12, 4, 5, None, None, 3)
+
+
+def test_conflicting_test_data_settings_name_the_node(tmp_path, npz_file):
+    other = tmp_path / "t.npz"
+    np.savez(other, x=np.zeros((2, 2), np.float32), y=np.zeros(2, np.int64))
+    with pytest.raises(NodeSettingsError, match=r"node 7 \(partition 1\): node config data-test-fraction and "
+                                                 r"data-test-path exclude each other"):
+        settings(npz_file, **{"data-test-path": str(other), "data-test-fraction": 0.2})
+    torch.save({"x": torch.zeros(2, 2), "y": torch.zeros(2, dtype=torch.long)}, tmp_path / "t.pt")
+    with pytest.raises(NodeSettingsError, match=r"node 7 \(partition 1\): node config data-test-path is a \S+ but "
+                                                 r"data-path is a \S+; give both of one kind"):
+        settings(npz_file, **{"data-test-path": str(tmp_path / "t.pt")})
+    with pytest.raises(NodeSettingsError, match=r"node 7 \(partition 1\): node config data-test-path='rel.npz' must be "
+                                                 r"an absolute path \(the ClientApp does not run in the directory the "
+                                                 r"SuperNode was started from\)"):
+        settings(npz_file, **{"data-test-path": "rel.npz"})
+
+
+def test_data_settings_without_data_path_are_all_named_with_the_node():
+    with pytest.raises(NodeSettingsError, match=r"^node 7 \(partition 0\): node config num-domains, image-size without "
+                                                 r"data-path \(this node's own data"):
+        NodeSettings.parse({"partition-id": 0, "num-partitions": 2, "num-domains": 2, "image-size": "8x8"}, node_id=7)
+
+
+def test_typos_name_the_node_and_keys_only_close_to_a_known_one_are_refused():
+    base = {"partition-id": 0, "num-partitions": 2}
+    with pytest.raises(NodeSettingsError, match=r"^node 3 \(partition 0\): node config key 'data-paths' is unknown; "
+                                                 r"did you mean 'data-path'\?"):
+        NodeSettings.parse({**base, "data-paths": "/x"}, node_id=3)
+    # 0.6-0.8 similar to a known key (difflib's default cutoff would refuse them): left to other software
+    assert NodeSettings.parse({**base, "num-domain-count": 1, "test-path": "x", "image-colour": "red"}).data is None
+
+
+def test_a_missing_setting_and_a_node_without_id_are_named():
+    from flwr_pfl.app.node_settings import node_label, role_setting
+
+    assert node_label(None, {"partition-id": 4}) == "node ? (partition 4)" and node_label(2, {}) == "node 2 (partition ?)"
+    with pytest.raises(NodeSettingsError, match=r"^node \? \(partition \?\): the node config lacks partition-id, "
+                                                 r"num-partitions; start the SuperNode with"):
+        NodeSettings.parse({})
+    with pytest.raises(NodeSettingsError, match=r"^this node: node config fedgp-role='x' is not allowed"):
+        role_setting({"fedgp-role": "x"})
