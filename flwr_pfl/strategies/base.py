@@ -510,6 +510,31 @@ class PFLStrategy(FedAvg):
         config = self.evaluate_config(server_round)
         return [(proxy, EvaluateIns(parameters, dict(config))) for proxy in clients]
 
+    def personal_evaluate_instructions(
+        self,
+        server_round: int,
+        parameters: Parameters,
+        client_manager: ClientManager,
+        instruction: Callable[[int | None], tuple[NDArrays, Mapping[str, Scalar]] | None],
+    ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        """``configure_evaluate`` of a server that sends each client arrays of its own (FedPAC's
+        heads, FedFomo's and FedAMP's per-client models, pFedHN's generated models):
+        ``instruction(partition_id)`` gives the client's arrays and protocol keys, or None to
+        leave the client out (logged). Before the first global arrays exist, as the base."""
+        if not self.global_arrays:
+            return PFLStrategy.configure_evaluate(self, server_round, parameters, client_manager)
+        out = []
+        for proxy in self.evaluation_clients(server_round, client_manager):
+            pid = self.partition_of.get(proxy.cid)
+            built = instruction(pid)
+            if built is None:
+                log(WARNING, "round %d: client %s (partition %s) has no model of its own on the server; not evaluated",
+                    self.round_offset + server_round, proxy.cid, pid)
+                continue
+            arrays, protocol = built
+            out.append((proxy, EvaluateIns(ndarrays_to_parameters(arrays), self.evaluate_config(server_round, protocol))))
+        return out
+
     # ---------------------------------------------------------------- server-side evaluation
     def initial_global_arrays(self, parameters: Parameters) -> NDArrays:
         """The first global arrays, from the initial ``parameters`` (override when the server

@@ -147,19 +147,11 @@ class FedAMP(PFLStrategy):
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
-        """Each evaluating client gets its own latest w_i (the initial model if never seen)."""
-        if self.global_arrays is None:
-            return super().configure_evaluate(server_round, parameters, client_manager)
-        config = self.evaluate_config(server_round)
-        out = []
-        for proxy in self.evaluation_clients(server_round, client_manager):
-            pid = self.partition_of.get(proxy.cid)
-            if pid is None or not 0 <= pid < self.num_clients:
-                log(WARNING, "round %d: client %s has no partition id in [0, %d); not evaluated",
-                    self.round_offset + server_round, proxy.cid, self.num_clients)
-                continue
-            out.append((proxy, EvaluateIns(ndarrays_to_parameters(self.client_model(pid)), dict(config))))
-        return out
+        """Each evaluating client gets its own latest w_i (the initial model if never seen); a client
+        without a partition id in [0, num_clients) is left out."""
+        return self.personal_evaluate_instructions(
+            server_round, parameters, client_manager,
+            lambda pid: (self.client_model(pid), {}) if pid is not None and 0 <= pid < self.num_clients else None)
 
     # ---------------------------------------------------------------- replies
     def expected_shapes(self, server_round: int) -> list[tuple[int, ...]]:

@@ -159,13 +159,8 @@ class FedFomo(PFLStrategy):
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
         """Each evaluating client gets its own latest model (the initial one while it has none)."""
-        if self.global_arrays is None:
-            return super().configure_evaluate(server_round, parameters, client_manager)
-        out = []
-        for proxy in self.evaluation_clients(server_round, client_manager):
-            arrays = self.own_model(self.partition_of.get(proxy.cid))
-            out.append((proxy, EvaluateIns(ndarrays_to_parameters(arrays), self.evaluate_config(server_round))))
-        return out
+        return self.personal_evaluate_instructions(server_round, parameters, client_manager,
+                                                   lambda pid: (self.own_model(pid), {}))
 
     # ---------------------------------------------------------------- replies
     def check_reply(self, server_round: int, proxy: ClientProxy, res: FitRes) -> ClientReply:

@@ -47,7 +47,7 @@ from flwr_pfl.core.fedpac import (
 )
 from flwr_pfl.errors import ConfigError, ReplyError
 from flwr_pfl.strategies.base import NDArrays, PFLStrategy
-from flwr_pfl.strategies.validation import ClientReply
+from flwr_pfl.strategies.validation import ClientReply, Scalar
 
 
 class FedPAC(PFLStrategy):
@@ -95,14 +95,12 @@ class FedPAC(PFLStrategy):
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
         """Each evaluating client gets the averaged body with its own combined head."""
-        if self.global_arrays is None:
-            return super().configure_evaluate(server_round, parameters, client_manager)
-        out = []
-        for proxy in self.evaluation_clients(server_round, client_manager):
-            arrays, has_head = self.personal_arrays(self.partition_of.get(proxy.cid))
-            config = self.evaluate_config(server_round, {HEAD_KEY: has_head})
-            out.append((proxy, EvaluateIns(ndarrays_to_parameters(arrays), config)))
-        return out
+
+        def instruction(pid: int | None) -> tuple[NDArrays, dict[str, Scalar]]:
+            arrays, has_head = self.personal_arrays(pid)
+            return arrays, {HEAD_KEY: has_head}
+
+        return self.personal_evaluate_instructions(server_round, parameters, client_manager, instruction)
 
     # ---------------------------------------------------------------- replies
     def expected_shapes(self, server_round: int) -> list[tuple[int, ...]]:

@@ -187,18 +187,10 @@ class PFedHN(PFLStrategy):
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
-        """Each evaluating client gets ``h(v_i; phi)`` from the current phi."""
-        if not self.global_arrays:
-            return super().configure_evaluate(server_round, parameters, client_manager)
-        config = self.evaluate_config(server_round)
-        out = []
-        for proxy in self.evaluation_clients(server_round, client_manager):
-            pid = self.partition_of.get(proxy.cid)
-            if pid is None:
-                log(WARNING, "round %d: client %s has no known partition id; not evaluated", server_round, proxy.cid)
-                continue
-            out.append((proxy, EvaluateIns(ndarrays_to_parameters(self.client_arrays(pid)), dict(config))))
-        return out
+        """Each evaluating client gets ``h(v_i; phi)`` from the current phi (a client without a
+        known partition id is left out)."""
+        return self.personal_evaluate_instructions(
+            server_round, parameters, client_manager, lambda pid: None if pid is None else (self.client_arrays(pid), {}))
 
     # ---------------------------------------------------------------- replies
     def check_reply(self, server_round: int, proxy: ClientProxy, res: FitRes) -> ClientReply:
