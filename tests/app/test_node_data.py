@@ -263,6 +263,8 @@ def test_the_data_settings_are_read_as_given(npz_file):
                                  "image-size": "28X32", "image-channels": 1}).data
     assert (spec.test_fraction, spec.split_seed, spec.num_classes, spec.num_domains, spec.image_size,
             spec.image_channels) == (0.0, 0, 0, 0, (28, 32), 1)
+    assert settings(npz_file, **{"image-size": "1x7"}).data.image_size == (1, 7)  # one pixel high is a size
+    assert settings(npz_file, **{"image-size": "7x1"}).data.image_size == (7, 1)
     spec = settings(npz_file, **{"num-classes": 12, "num-domains": 4, "data-split-seed": 5}).data
     assert (spec.num_classes, spec.num_domains, spec.split_seed, spec.test_fraction, spec.image_size,
             spec.image_channels) == (12, 4, 5, None, None, 3)
