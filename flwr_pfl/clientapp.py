@@ -24,6 +24,11 @@ key ``state-dir``) wraps its messages in :func:`flwr_pfl.app.node_state.persiste
         with persisted(context):
             yield
 
+and builds its app with ``ClientApp(mods=[rounds_mod])``
+(:func:`flwr_pfl.app.node_state.rounds_mod`), so that its state files are versioned by round
+and a resumed run rolls a node that is ahead of the server's checkpoint back to the round the
+run resumes from.
+
 Requests and replies are packed and read by :mod:`flwr_pfl.messages`: a ``train`` reply holds
 the arrays (named as the user's model names them, where the client knows them) and a
 MetricRecord with ``num-examples``; an ``evaluate`` reply a MetricRecord with ``loss`` and

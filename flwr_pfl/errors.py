@@ -24,5 +24,12 @@ class ReplyError(ValueError):
     """
 
 
+class DivergedError(RuntimeError):
+    """An aggregate holds NaN/Inf or exploded in one round; the run ends rather than send it.
+
+    The message names the strategy, the round and what was wrong with the aggregate.
+    """
+
+
 class DataNotFoundError(FileNotFoundError):
     """A dataset is not on disk and could not be downloaded; the message says where it looked."""

@@ -81,6 +81,7 @@ SCOPE: dict[str, tuple[str, ...]] = {
     "flwr_pfl/models/split.py": ("tests/models", "tests/clients", "tests/strategies"),
     "flwr_pfl/clientapp.py": ("tests/clients", "tests/serverapp", "tests/test_messages.py"),
     "flwr_pfl/app/checkpoint.py": (*_STATE, "tests/properties"),
+    "flwr_pfl/app/signing.py": ("tests/app/test_node_state.py", "tests/app/test_resume_safety.py"),
     "flwr_pfl/app/node_state.py": ("tests/app/test_node_state.py", "tests/app/test_node_restart.py", *_STATE, "tests/properties"),
     "flwr_pfl/app/node_settings.py": ("tests/app/test_node_data.py", "tests/app/test_node_state.py", "tests/properties"),
     "flwr_pfl/app/client_cache.py": ("tests/app/test_client_cache.py", "tests/properties"),

@@ -321,3 +321,16 @@ class MiddleHeadNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         layers = self.layers
         return layers["head"](layers["drop"](torch.relu(layers["norm"](layers["embed"](x)))))
+
+
+def split_loaders(x: torch.Tensor, y: torch.Tensor, d: torch.Tensor, train: int, held_out: int, num_domains: int = 2):
+    """A LocalData of ``train`` training samples, then ``held_out`` validation and ``held_out``
+    test samples of ``(x, y, d)``: shuffled training batches of 8, evaluation batches of 16."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from flwr_pfl.clients import LocalData
+
+    parts = slice(0, train), slice(train, train + held_out), slice(train + held_out, train + 2 * held_out)
+    loaders = [DataLoader(TensorDataset(x[s], y[s], d[s]), batch_size=8 if i == 0 else 16, shuffle=i == 0)
+               for i, s in enumerate(parts)]
+    return LocalData(train=loaders[0], val=loaders[1], test=loaders[2], num_domains=num_domains)

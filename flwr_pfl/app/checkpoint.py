@@ -19,6 +19,12 @@ insertion order), lists, tuples (read back as lists), sets (read back as sorted 
 (read back as Python scalars) and NumPy arrays of any non-object dtype. Anything else is refused
 when writing, naming where it was found.
 
+With a key (run key ``checkpoint-key-file``, a file on the server's host), the checkpoint also
+holds ``signature``: the HMAC-SHA256 of every other entry (name, dtype, shape and bytes), and a
+checkpoint without a valid one is refused when the run resumes: one written by someone else,
+altered (a re-computed digest does not help without the key), or written before the key was
+set (:mod:`flwr_pfl.app.signing`).
+
 Writing goes to a temporary file in the run's directory that replaces ``checkpoint.npz`` with
 ``os.replace`` only once complete and flushed to disk, so a run killed while writing leaves the
 previous checkpoint intact (and at worst a ``.checkpoint-*.tmp`` file, removed on resume).
@@ -38,12 +44,16 @@ from typing import Any
 
 import numpy as np
 
+from flwr_pfl.app.signing import signature, verify
 from flwr_pfl.errors import ConfigError
+
+#: the entry that holds a signed checkpoint's HMAC-SHA256 (hex digits as uint8)
+SIGNATURE_ENTRY = "signature"
 
 #: run-config keys a resume may change: the round count, where the run is, and how the server waits for
 #: and times out nodes (an operator resuming on a fleet that changed); none changes what is computed
 RESUMABLE_CHANGES = frozenset({
-    "num-server-rounds", "resume", "output-dir", "run-name", "checkpoint-interval",
+    "num-server-rounds", "resume", "output-dir", "run-name", "checkpoint-interval", "checkpoint-key-file",
     "wait-timeout", "min-clients", "round-timeout", "server-workers", "api", "fail-on-no-training",
 })
 
@@ -175,19 +185,33 @@ def encode_state(state: dict[str, Any]) -> tuple[Any, dict[str, np.ndarray]]:
 
 
 # ---------------------------------------------------------------------------------- files
+def _signed_parts(entries: Mapping[str, np.ndarray]) -> list[bytes]:
+    """What a checkpoint's signature covers: every entry's name, dtype, shape and bytes, by name."""
+    parts = []
+    for name in sorted(entries):
+        array = np.ascontiguousarray(entries[name])
+        parts += [name.encode(), array.dtype.str.encode(), json.dumps(list(array.shape)).encode(), array.tobytes()]
+    return parts
+
+
 def write_checkpoint(
-    directory: Path, rounds_done: int, config: dict[str, Any], results: dict[str, Any], state: dict[str, Any]
+    directory: Path, rounds_done: int, config: dict[str, Any], results: dict[str, Any], state: dict[str, Any],
+    key: bytes | None = None,
 ) -> Path:
-    """Write ``directory/checkpoint.npz`` atomically (temporary file, fsync, ``os.replace``)."""
+    """Write ``directory/checkpoint.npz`` atomically (temporary file, fsync, ``os.replace``),
+    signed with ``key`` when given."""
     tree, arrays = encode_state(state)
     meta = {"format": FORMAT_VERSION, "rounds_done": int(rounds_done), "config": config,
             "results": results, "state": tree}
     payload = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
+    entries = {"rounds_done": np.array(rounds_done, dtype=np.int64), "meta": payload, **arrays}
+    if key is not None:
+        entries[SIGNATURE_ENTRY] = np.frombuffer(signature(key, *_signed_parts(entries)).encode("ascii"), dtype=np.uint8)
     final = Path(directory) / CHECKPOINT_NAME
     fd, temp = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=TEMP_SUFFIX, dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, rounds_done=np.array(rounds_done, dtype=np.int64), meta=payload, **arrays)
+            np.savez(f, **entries)
             f.flush()
             os.fsync(f.fileno())
         os.replace(temp, final)
@@ -218,14 +242,15 @@ def remove_stale_temporaries(directory: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def read_checkpoint(path: Path) -> Checkpoint:
-    """Read a checkpoint written by :func:`write_checkpoint`.
+def read_checkpoint(path: Path, key: bytes | None = None) -> Checkpoint:
+    """Read a checkpoint written by :func:`write_checkpoint` (with ``key``: signed with it).
 
     Nothing is unpickled: every entry is read with ``allow_pickle=False``, so a file holding an
     object array (a pickled Python object, which could run code when loaded) is refused.
 
     Raises:
-        ConfigError: the file is missing, unreadable, of another format, or holds an object array.
+        ConfigError: the file is missing, unreadable, of another format, holds an object array,
+            or (with ``key``) is not signed with ``key``.
     """
     path = Path(path)
     if not path.exists():
@@ -244,6 +269,13 @@ def read_checkpoint(path: Path) -> Checkpoint:
         raise ConfigError(f"checkpoint {path} cannot be read: {err}") from None
     except Exception as err:  # noqa: BLE001 - zipfile reports damage in several kinds (BadZipFile, ...)
         raise ConfigError(f"checkpoint {path} is damaged and cannot be read ({type(err).__name__}: {err})") from None
+    found = arrays.pop(SIGNATURE_ENTRY, None)
+    if key is not None:
+        shown = found.tobytes().decode("ascii", errors="replace") if found is not None else None
+        if not verify(key, shown, *_signed_parts(arrays)):
+            raise ConfigError(f"checkpoint {path} is refused: it is not signed with this server's key (checkpoint-key-file): "
+                              "written by someone else, altered, or written before the key was set; resume from a "
+                              "checkpoint this server wrote, or start the run anew")
     payload = arrays.pop("meta", None)
     if payload is None:
         raise ConfigError(f"checkpoint {path} has no metadata entry 'meta'; it was written by an older "

@@ -34,7 +34,7 @@ from flwr_pfl.app.node_settings import NodeSettings, node_label
 from flwr_pfl.app.nodes import DESCRIBE_DATA, NODE_ERROR, data_answer
 from flwr_pfl.clients.base import NUM_PARTITIONS, Config, LocalData, PFLClient
 from flwr_pfl.data.node_files import class_names, load_node_data
-from flwr_pfl.app.node_state import persisted
+from flwr_pfl.app.node_state import persisted, rounds_mod
 from flwr_pfl.data.types import ClientData
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.models import EncoderHeadModel, build_model
@@ -158,7 +158,7 @@ def dispatch(message: Message, context: Context, call_next: ClientAppCallable) -
     return message_app(message, context) if is_message_api(message) else call_next(message, context)
 
 
-app = ClientApp(client_fn=client_fn, mods=[dispatch])
+app = ClientApp(client_fn=client_fn, mods=[rounds_mod, dispatch])
 
 
 @app.lifespan()

@@ -18,7 +18,9 @@ from typing import Any
 
 from flwr_pfl.app.keys import check_choice, flat_dict, keys_of, parse_options, parse_section, with_suggestions
 from flwr_pfl.app.registry import ALGORITHMS, get_algorithm
+from flwr_pfl.app.signing import read_key
 from flwr_pfl.clients.base import TrainConfig
+from flwr_pfl.core.robust import DEFAULT_OUTLIER_RATIO
 from flwr_pfl.data.config import DataConfig
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.strategies.base import AGGREGATES
@@ -90,6 +92,10 @@ class RunConfig:
             grow) and ``checkpoint_interval``.
         checkpoint_interval: write ``checkpoint.npz`` after every this many rounds, and always
             after the last one.
+        checkpoint_key_file: a file on the server's host holding a secret key (16 bytes or
+            more): checkpoints are signed with it (HMAC-SHA256) and a resume refuses one without
+            its valid signature (:mod:`flwr_pfl.app.signing`); "" = unsigned. Read by the
+            ServerApp only, so the launcher's host need not have it.
         api: which Flower API the server drives the algorithm through: ``numpyclient`` (the
             legacy Strategy loop and NumPyClients) or ``message`` (the Message-API strategy of
             :mod:`flwr_pfl.serverapp` and the ClientApp's ``train``/``evaluate``/``query``
@@ -106,11 +112,16 @@ class RunConfig:
         aggregate: ``mean`` (example-weighted, the papers') or ``trimmed-mean`` (coordinate-wise,
             unweighted, without the ``trim_fraction`` largest and smallest values).
         trim_fraction: share trimmed at each end by ``trimmed-mean``, in [0, 0.5).
+        outlier_norm_ratio: on by default for every algorithm: a fit reply whose norm exceeds
+            this many times the round's median reply norm is rejected, and an aggregate that is
+            non-finite or grew by more than this factor in one round ends the run failed
+            (:func:`~flwr_pfl.core.robust.magnitude_outliers`); it never changes an honest
+            run's numbers. 0 = off; otherwise > 1.
         eval_every: the clients evaluate every this many rounds and after the last one; 0 =
             after the last one only; 1 = every round (:class:`~flwr_pfl.strategies.base.PFLStrategy`).
             FEDORA's and pFedFDA's own ``fedora.eval-every`` / ``pfedfda.eval-every`` mean the
             same; set one of the two (or both to the same value).
-        The last four bound what one bad client can do (:class:`~flwr_pfl.strategies.base.PFLStrategy`);
+        The last five bound what one bad client can do (:class:`~flwr_pfl.strategies.base.PFLStrategy`);
         clipping and trimmed-mean apply to FedAvg, finetune, FedRep and FedPer only.
     """
 
@@ -142,10 +153,12 @@ class RunConfig:
     server_workers: int = 0
     resume: bool = False
     checkpoint_interval: int = 1
+    checkpoint_key_file: str = ""
     clip_update_norm: float = 0.0
     max_examples: int = 0
     aggregate: str = "mean"
     trim_fraction: float = 0.1
+    outlier_norm_ratio: float = DEFAULT_OUTLIER_RATIO
     eval_every: int = 1
     api: str = "numpyclient"
     fail_on_no_training: bool = True
@@ -200,6 +213,8 @@ class RunConfig:
         check_choice("aggregate", self.aggregate, AGGREGATES)
         if not 0 <= self.trim_fraction < 0.5:
             raise ConfigError(f"trim-fraction={self.trim_fraction} is out of range; must be in [0, 0.5)")
+        if self.outlier_norm_ratio != 0 and not self.outlier_norm_ratio > 1:
+            raise ConfigError(f"outlier-norm-ratio={self.outlier_norm_ratio} is out of range; must be > 1, or 0 (off)")
 
     @property
     def reply_bounds(self) -> dict[str, Any]:
@@ -209,7 +224,12 @@ class RunConfig:
             "max_examples": self.max_examples or None,
             "aggregate": self.aggregate,
             "trim_fraction": self.trim_fraction,
+            "outlier_norm_ratio": self.outlier_norm_ratio or None,
         }
+
+    def checkpoint_key(self) -> bytes | None:
+        """The key of ``checkpoint-key-file`` (None: unset; ConfigError: unreadable or short)."""
+        return read_key(self.checkpoint_key_file, "checkpoint-key-file")
 
     @property
     def min_available_clients(self) -> int:

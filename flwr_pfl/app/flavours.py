@@ -58,7 +58,7 @@ class RoundServer(Server):
         return result
 
     def _global(self, server_round: int) -> int:
-        return self.pfl_strategy.round_offset + server_round
+        return self.pfl_strategy.run_round(server_round)
 
 
 class RecordingMessageStrategy(PFLMessageStrategy):
@@ -69,10 +69,10 @@ class RecordingMessageStrategy(PFLMessageStrategy):
         self.writer = writer
 
     def phase_done(self, server_round: int, phase: str, results: Sequence[tuple[ClientProxy, Any]], failures: list[Any]) -> None:
-        self.writer.record_failures(self.logic.round_offset + server_round, phase, failures, len(results) + len(failures))
+        self.writer.record_failures(self.logic.run_round(server_round), phase, failures, len(results) + len(failures))
 
     def round_done(self, server_round: int) -> None:
-        self.writer.end_round(self.logic.round_offset + server_round)
+        self.writer.end_round(self.logic.run_round(server_round))
 
 
 def run_numpyclient(grid: Grid, strategy: PFLStrategy, writer: ResultsWriter, workers: int, rounds: int, round_timeout: float | None) -> None:

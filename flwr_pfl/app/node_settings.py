@@ -51,6 +51,8 @@ NODE_KEYS: dict[str, str] = {
     "image-channels": "1 (grey) or 3 (RGB) channels of images (default 3)",
     "state-dir": "a directory on this node where its personal state is kept across restarts "
                  "(flwr_pfl.app.node_state; absent: in memory only)",
+    "state-key-file": "a file holding this node's secret key (16 bytes or more): its state files are signed "
+                      "with it and a file without its valid signature is refused (absent: unsigned)",
 }
 #: the data keys that need ``data-path``
 _DATA_KEYS = ("data-test-path", "data-test-fraction", "data-split-seed", "num-classes", "num-domains",

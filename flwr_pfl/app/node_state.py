@@ -22,6 +22,20 @@ whole ``context.state`` into one file per run and partition:
 * :func:`persisted` is both as one context manager: any ClientApp's lifespan can wrap its
   messages in it (``flwr_pfl.app.client_app`` does).
 
+A resume must not train twice. The server checkpoints every ``checkpoint-interval`` rounds, and
+a node writes its state after every message, so after a server kill the nodes' files can be
+ahead of the checkpoint the run resumes from (a FedRep node whose head already trained in the
+round the server did not finish would train it again). So every file is versioned by round:
+:func:`rounds_mod`, a ClientApp mod, notes each message's ``server-round`` in the state
+(:data:`ROUND_KEY`) before it is handled; :func:`persist` tags the file with it and, when a
+message of a later round replaces the file, keeps the previous round's file as
+``partition-<id>.round-<r>.state`` (a hard link, else a copy), as many as a resume can need
+(the rounds after ``<latest> - checkpoint-interval``, and the newest before them). When a
+resumed run's first message to a restored node has round ``r`` and the restored file is of
+round ``r`` or later, :func:`roll_back` replaces the state by the newest file of a round before
+``r`` (none: the node starts afresh, as it did before round ``r``), with a warning naming both
+rounds. A node that restarts within one Flower run continues from its latest file.
+
 The file holds no pickle: a small header (format, the run's identity, the body's length and
 SHA-256) followed by the header's own SHA-256, then the records in Flower's own protobuf
 encoding. Both digests are checked before anything in the file is used, so a damaged header is
@@ -31,6 +45,12 @@ NumPy's ``allow_pickle=False`` and checked against its declared dtype and shape.
 fails any check (damaged, truncated, crafted, another partition's) is refused: a warning names
 the file and the reason, the file is renamed to ``*.state.rejected`` (kept for inspection) and
 the node starts afresh, as a node without ``state-dir`` would.
+
+The digests catch accidents, not tampering: whoever can write the file can recompute them. A
+node given a secret key (node-config key ``state-key-file``: a file of at least 16 bytes that
+only the node's user can read) signs every file it writes with HMAC-SHA256 over the header and
+the body, and refuses any file without its valid signature (written by someone else, altered,
+or written before the key was set), as it refuses a damaged one.
 
 Unset ``state-dir`` (the simulation engine's nodes, the in-process engine) keeps the state in
 memory only, as Flower does.
@@ -43,25 +63,36 @@ import json
 import os
 import secrets
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.common import log
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
 from flwr_pfl.app.checkpoint import RESUMABLE_CHANGES
+from flwr_pfl.app.signing import read_key, signature, verify
 from flwr_pfl.errors import ConfigError
 
 #: the node-config key naming the directory (unset: state stays in memory only)
 NODE_CONFIG_KEY = "state-dir"
-#: where a restored state counts its restores (``{"restores": n}``)
+#: the node-config key naming a file that holds the node's secret signing key (unset: unsigned)
+KEY_CONFIG_KEY = "state-key-file"
+#: the header field that holds the HMAC-SHA256 signature
+SIGNATURE = "hmac-sha256"
+#: where a restored state counts its restores (``{"restores": n}``), with the round of the file
+#: it came from (``file-round``, -1: untagged) and whether it continues an earlier Flower run
+#: (``resumed``: 1 until :func:`roll_back` has compared it with the first message's round)
 RESTORED_KEY = "flwr_pfl.restored"
+#: where :func:`rounds_mod` notes the round of the message being handled (``{"round": r}``)
+ROUND_KEY = "flwr_pfl.round"
+#: the message config key that carries the run's round (every suite strategy sends it)
+SERVER_ROUND = "server-round"
 #: the first bytes of every state file
 MAGIC = b"flwr_pfl node state\n"
 #: the file layout this module writes (2: the header is followed by its SHA-256)
@@ -108,6 +139,18 @@ def state_dir(context: Context) -> Path | None:
     return Path(os.path.expanduser(value)).resolve()
 
 
+def state_key(context: Context) -> bytes | None:
+    """The node's signing key, read from ``state-key-file`` (None when unset; ConfigError for a
+    bad one, :func:`~flwr_pfl.app.signing.read_key`)."""
+    return read_key(context.node_config.get(KEY_CONFIG_KEY, ""), f"node config {KEY_CONFIG_KEY}")
+
+
+def _signed_parts(header: Mapping[str, Any], body: bytes) -> tuple[bytes, bytes]:
+    """What a file's signature covers: its header (without the signature) and its body."""
+    fields = {k: v for k, v in header.items() if k != SIGNATURE}
+    return json.dumps(fields, sort_keys=True).encode(), body
+
+
 def config_digest(run_config: Mapping[str, Any]) -> str:
     """SHA-256 of the run config without the keys a resume may change: a resumed run continues
     a state only if what it computes is configured the same."""
@@ -138,6 +181,29 @@ def state_path(directory: Path, ident: StateIdentity) -> Path:
     return directory / ident.run_key / f"partition-{ident.partition_id}.state"
 
 
+def snapshot_path(directory: Path, ident: StateIdentity, server_round: int) -> Path:
+    """``<directory>/<run>/partition-<id>.round-<round>.state``: the state after ``server_round``."""
+    return directory / ident.run_key / f"partition-{ident.partition_id}.round-{server_round}.state"
+
+
+def snapshots(directory: Path, ident: StateIdentity) -> dict[int, Path]:
+    """This node's kept rounds: round -> file."""
+    prefix = f"partition-{ident.partition_id}.round-"
+    out = {}
+    for path in (directory / ident.run_key).glob(f"{prefix}*.state"):
+        number = path.name[len(prefix):-len(".state")]
+        if number.isdigit():
+            out[int(number)] = path
+    return out
+
+
+def state_round(state: RecordDict) -> int:
+    """The round noted in ``state`` by :func:`rounds_mod` (-1: none)."""
+    record = state.config_records.get(ROUND_KEY)
+    value = record.get("round") if record is not None else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else -1
+
+
 # --- the file format ----------------------------------------------------------------------
 
 
@@ -146,11 +212,14 @@ def encode_body(state: RecordDict) -> bytes:
     return recorddict_to_proto(state).SerializeToString(deterministic=True)
 
 
-def encode(state: RecordDict, ident: StateIdentity, body: bytes | None = None) -> bytes:
-    """The whole file: magic, header length, JSON header, the header's SHA-256, body."""
+def encode(state: RecordDict, ident: StateIdentity, body: bytes | None = None, key: bytes | None = None) -> bytes:
+    """The whole file: magic, header length, JSON header (signed with ``key`` when given), the
+    header's SHA-256, body."""
     body = encode_body(state) if body is None else body
-    header = {"format": FORMAT, **ident.header(), "body-bytes": len(body),
+    header = {"format": FORMAT, **ident.header(), "round": state_round(state), "body-bytes": len(body),
               "body-sha256": hashlib.sha256(body).hexdigest()}
+    if key is not None:
+        header[SIGNATURE] = signature(key, *_signed_parts(header, body))
     raw = json.dumps(header, sort_keys=True).encode()
     return MAGIC + _LENGTH.pack(len(raw)) + raw + hashlib.sha256(raw).digest() + body
 
@@ -181,16 +250,24 @@ def _split(blob: bytes) -> tuple[dict[str, Any], bytes]:
                       ("config-digest", str), ("body-bytes", int), ("body-sha256", str)):
         if not isinstance(header.get(key), kind) or isinstance(header.get(key), bool):
             raise StateFileError(f"header field {key!r} is missing or not a {kind.__name__}")
+    found_round = header.setdefault("round", -1)  # files written before rounds were noted: untagged
+    if not isinstance(found_round, int) or isinstance(found_round, bool) or found_round < -1:
+        raise StateFileError(f"header field 'round' is {found_round!r}, not a round number")
     return header, blob[end:]
 
 
-def decode(blob: bytes) -> tuple[dict[str, Any], RecordDict]:
-    """(header, state) of a file's bytes, every check passed; StateFileError otherwise."""
+def decode(blob: bytes, key: bytes | None = None) -> tuple[dict[str, Any], RecordDict]:
+    """(header, state) of a file's bytes, every check passed (with ``key``, its signature too);
+    StateFileError otherwise."""
     header, body = _split(blob)
     if len(body) != header["body-bytes"]:
         raise StateFileError(f"body has {len(body)} bytes, the header says {header['body-bytes']} (truncated?)")
     if hashlib.sha256(body).hexdigest() != header["body-sha256"]:
         raise StateFileError("body does not match its SHA-256 (damaged or altered)")
+    if key is not None:
+        if not verify(key, header.get(SIGNATURE), *_signed_parts(header, body)):
+            raise StateFileError(f"it is not signed with this node's key ({KEY_CONFIG_KEY}): written by someone else, "
+                                 "altered, or written before the key was set")
     try:
         state = recorddict_from_proto(ProtoRecordDict.FromString(body))
     except Exception as err:  # noqa: BLE001 - protobuf and Flower raise several kinds
@@ -282,19 +359,35 @@ def restore(context: Context) -> bool:
     if header is not None and not _continues(header, ident, path):
         return False  # another run's state: not even read
     try:
-        header, state = decode(path.read_bytes())
+        header, state = decode(path.read_bytes(), state_key(context))
         _check_owner(header, ident)
     except (OSError, StateFileError) as err:
         _reject(path, str(err))
         return False
     if not _continues(header, ident, path):
         return False
-    restores = int(state[RESTORED_KEY]["restores"]) if RESTORED_KEY in state.config_records else 0
-    for key, record in state.items():
-        context.state[key] = record
-    context.state[RESTORED_KEY] = ConfigRecord({"restores": restores + 1})
+    _adopt(context, state, header, ident)
     log(INFO, "restored the node state of partition %d from %s (%d records)", ident.partition_id, path, len(state))
     return True
+
+
+def _clear(state: RecordDict) -> None:
+    """Remove every record of ``state`` (Flower keeps the node's RecordDict object itself)."""
+    for key in list(state.keys()):
+        del state[key]
+
+
+def _adopt(context: Context, state: RecordDict, header: Mapping[str, Any], ident: StateIdentity) -> None:
+    """Make ``state`` the node's, with the restore marker (:data:`RESTORED_KEY`) updated."""
+    restores = int(state[RESTORED_KEY]["restores"]) if RESTORED_KEY in state.config_records else 0
+    _clear(context.state)
+    for key, record in state.items():
+        context.state[key] = record
+    context.state[RESTORED_KEY] = ConfigRecord({
+        "restores": restores + 1,
+        "file-round": int(header["round"]),
+        "resumed": int(header["flower-run-id"] != ident.flower_run_id),
+    })
 
 
 def _continues(header: Mapping[str, Any], ident: StateIdentity, path: Path) -> bool:
@@ -345,12 +438,109 @@ def persist(context: Context) -> bool:
     path = state_path(directory, ident)
     body = encode_body(context.state)
     on_disk = read_header(path)
+    key = state_key(context)
     if (on_disk is not None and on_disk["body-sha256"] == hashlib.sha256(body).hexdigest()
             and on_disk["flower-run-id"] == ident.flower_run_id and on_disk["run-name"] == ident.run_name
-            and on_disk["partition-id"] == ident.partition_id):
+            and on_disk["partition-id"] == ident.partition_id and (SIGNATURE in on_disk) == (key is not None)):
         return False
-    write_atomic(path, encode(context.state, ident, body))
+    new_round = state_round(context.state)
+    if (on_disk is not None and 0 <= on_disk["round"] < new_round and on_disk["flower-run-id"] == ident.flower_run_id
+            and on_disk["partition-id"] == ident.partition_id):
+        _keep(path, snapshot_path(directory, ident, on_disk["round"]))
+    write_atomic(path, encode(context.state, ident, body, key))
+    if new_round >= 0:
+        _prune(directory, ident, new_round, _checkpoint_interval(context))
     return True
+
+
+def _checkpoint_interval(context: Context) -> int:
+    value = context.run_config.get("checkpoint-interval", 1)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
+
+
+def _keep(path: Path, kept: Path) -> None:
+    """``kept`` becomes a second name of ``path``'s file (a hard link; a copy where links fail)."""
+    kept.unlink(missing_ok=True)
+    try:
+        os.link(path, kept)
+    except OSError:
+        write_atomic(kept, path.read_bytes())
+
+
+def _prune(directory: Path, ident: StateIdentity, latest: int, interval: int) -> None:
+    """Keep the rounds a resume can go back to: those after ``latest - interval`` (the server's
+    last checkpoint is at most ``interval`` rounds behind the round it was in) and the newest
+    one before them; remove the rest."""
+    kept = snapshots(directory, ident)
+    floor = latest - interval
+    older = [r for r in kept if r <= floor]
+    for r, path in kept.items():
+        if r <= floor and r != max(older):
+            path.unlink(missing_ok=True)
+
+
+def roll_back(context: Context, incoming_round: int) -> bool:
+    """Go back to the state after the round before ``incoming_round`` when the restored state is
+    ahead of it; True when the state was replaced (or emptied).
+
+    Acts once, on a state restored from an earlier Flower run that this run resumes (the
+    :data:`RESTORED_KEY` marker's ``resumed``), and only when the restored file's round is
+    ``incoming_round`` or later: the server resumed from a checkpoint older than what this node
+    did. The newest kept round before ``incoming_round`` is loaded (a kept file that fails a
+    check is refused as :func:`restore` refuses one, and the next older is tried); with none,
+    the node starts afresh, as it was before its first message.
+    """
+    marker = context.state.config_records.get(RESTORED_KEY)
+    if marker is None or not marker.get("resumed"):
+        return False
+    marker["resumed"] = 0
+    file_round = marker.get("file-round", -1)
+    directory = state_dir(context)
+    if directory is None or not isinstance(file_round, int) or file_round < incoming_round:
+        return False
+    ident = identity(context)
+    for server_round, path in sorted(snapshots(directory, ident).items(), reverse=True):
+        if server_round >= incoming_round:
+            continue
+        try:
+            header, state = decode(path.read_bytes(), state_key(context))
+            _check_owner(header, ident)
+        except (OSError, StateFileError) as err:
+            _reject(path, str(err))
+            continue
+        _adopt(context, state, header, ident)
+        log(WARNING, "partition %d: its state is from round %d, but this resumed run goes on with round %d: "
+            "rolled back to its state after round %d (%s), so that no round is trained twice",
+            ident.partition_id, file_round, incoming_round, server_round, path)
+        return True
+    _clear(context.state)
+    log(WARNING, "partition %d: its state is from round %d, but this resumed run goes on with round %d and no "
+        "state of an earlier round is kept: it starts afresh, as it did before its first round",
+        ident.partition_id, file_round, incoming_round)
+    return True
+
+
+def message_round(message: Message) -> int | None:
+    """The ``server-round`` of a message's config (legacy ``fitins.config`` or the Message API's
+    ``config``), or None when it carries none."""
+    for record in message.content.config_records.values():
+        value = record.get(SERVER_ROUND)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def rounds_mod(message: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
+    """ClientApp mod (with ``state-dir`` set): roll a resumed node back when its state is ahead of
+    the run (:func:`roll_back`), then note the message's round in the state (:data:`ROUND_KEY`)
+    so that :func:`persist` versions the file by round. Put it before the mods that build the
+    client, inside the lifespan that wraps the messages in :func:`persisted`."""
+    if state_dir(context) is not None:
+        incoming = message_round(message)
+        if incoming is not None:
+            roll_back(context, incoming)
+            context.state[ROUND_KEY] = ConfigRecord({"round": incoming})
+    return call_next(message, context)
 
 
 @contextmanager

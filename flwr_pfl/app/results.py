@@ -25,6 +25,9 @@ status (``completed`` or ``failed``) and why; the summary's first line says what
 quotes the clients' errors; the ServerApp then raises :class:`RunFailed`, so that ``flwr run``
 reports ``finished:failed`` and the launcher and ``compare`` exit non-zero. The run key
 ``fail-on-no-training = false`` keeps such a run ``completed`` (the summary ends with a warning).
+A run that trained in every round but lost more than a quarter of the training replies it asked
+for (:func:`lost_training_replies`) stays completed with a warning in its summary and in
+``summary.json``: its results stand for part of the federation only.
 """
 
 from __future__ import annotations
@@ -82,6 +85,7 @@ class ResultsWriter:
             ``completed`` with a warning.
         num_classes: the classes of the task, for the chance level of :func:`divergence`
             (None: unknown, or not a classification).
+        checkpoint_key: signs every checkpoint (:func:`~flwr_pfl.app.checkpoint.write_checkpoint`).
     """
 
     def __init__(
@@ -95,6 +99,7 @@ class ResultsWriter:
         resume_from: Checkpoint | None = None,
         fail_on_no_training: bool = True,
         num_classes: int | None = None,
+        checkpoint_key: bytes | None = None,
     ) -> None:
         if checkpoint_interval < 1:
             raise ValueError(f"checkpoint_interval must be >= 1, got {checkpoint_interval}")
@@ -103,6 +108,7 @@ class ResultsWriter:
         self.config = config
         self.state_fn = state_fn
         self.checkpoint_interval = checkpoint_interval
+        self.checkpoint_key = checkpoint_key
         self.last_round = last_round
         self.rows: list[dict[str, Any]] = []
         self.timings: list[dict[str, Any]] = []
@@ -187,7 +193,8 @@ class ResultsWriter:
         if self.state_fn is not None and due:
             for name in (METRICS_LOG, TIMINGS_LOG):  # the rows a checkpoint counts reach the disk first
                 _sync(self.directory / name)
-            write_checkpoint(self.directory, server_round, self.config, self.position(), self.state_fn())
+            write_checkpoint(self.directory, server_round, self.config, self.position(), self.state_fn(),
+                             key=self.checkpoint_key)
 
     def _write_clients(self) -> None:
         rows = [self.clients[k] for k in sorted(self.clients)]
@@ -230,6 +237,9 @@ class ResultsWriter:
         elif problems:
             summary += (f"\nwarning: {'; '.join(problems)} (fail-on-no-training = false: the run counts as "
                         "completed)")
+        lost = lost_training_replies(self.rows)
+        if lost is not None:
+            summary += f"\nwarning: {lost}"
         status = {
             "status": self.status,
             "problems": problems,
@@ -237,6 +247,7 @@ class ResultsWriter:
             "rounds_without_training": list(verdict.rounds_without_training),
             "divergence": verdict.divergence,
             "fail_on_no_training": self.fail_on_no_training,
+            "lost_training_replies": lost,
         }
         _write_atomic(self.directory / STATUS_FILE, json.dumps(status, indent=1))
         _write_atomic(self.directory / "summary.txt", summary + "\n")
@@ -363,6 +374,30 @@ def rounds_without_training(rows: Sequence[Mapping[str, Any]]) -> list[int]:
         lost[server_round] = lost.get(server_round, 0.0) + (row.get("num_failures") or 0) + (row.get("num_dropped") or 0)
         accepted[server_round] = accepted.get(server_round, 0) + accepted_replies(row)
     return sorted(r for r in lost if lost[r] > 0 and accepted[r] == 0)
+
+
+#: a run in which more than this share of the clients asked to train were dropped (an error, a
+#: rejected reply, no reply in time) is flagged in its summary, even where every round trained
+LOST_REPLIES_WARNING = 0.25
+
+
+def lost_training_replies(rows: Sequence[Mapping[str, Any]], threshold: float = LOST_REPLIES_WARNING) -> str | None:
+    """A warning in words when more than ``threshold`` of the training replies the run asked for
+    were lost (``num_dropped`` over ``participants + num_dropped`` of its training rows), else
+    None. A run whose rounds each kept a few replies trained, but on a fraction of the clients it
+    says it trained: the summary must not read like a healthy run's."""
+    asked = lost = 0.0
+    for row in rows:
+        if row["phase"] in EVALUATION_PHASES:
+            continue
+        dropped = float(row.get("num_dropped") or 0)
+        asked += float(row.get("participants") or 0) + dropped
+        lost += dropped
+    if asked == 0 or lost / asked <= threshold:
+        return None
+    return (f"{int(lost)} of {int(asked)} training replies ({100 * lost / asked:.0f} %) were lost (an error, a rejected "
+            "reply or no reply in time; see dropped_ids in metrics.jsonl and the log): the results stand for part of "
+            "the federation only")
 
 
 def divergence(rows: Sequence[Mapping[str, Any]], num_classes: int | None = None, margin: float = CHANCE_MARGIN) -> str | None:

@@ -71,9 +71,10 @@ def server_workers(experiment: Experiment, grid: Grid | None = None) -> int:
     return min(experiment.run.num_clients or limit, limit)  # num-clients = 0: not known yet
 
 
-def load_checkpoint(strategy: PFLStrategy, path: Path) -> int:
-    """Restore ``strategy`` from a run's ``checkpoint.npz``; returns the rounds already done."""
-    checkpoint = read_checkpoint(path)
+def load_checkpoint(strategy: PFLStrategy, path: Path, key: bytes | None = None) -> int:
+    """Restore ``strategy`` from a run's ``checkpoint.npz`` (signed with ``key`` when given);
+    returns the rounds already done."""
+    checkpoint = read_checkpoint(path, key)
     strategy.load_state_dict(checkpoint.state, checkpoint.rounds_done)
     return checkpoint.rounds_done
 
@@ -141,7 +142,7 @@ def run_server(grid: Grid, context: Context) -> ResultsWriter:
         path = output / CHECKPOINT_NAME
         if not path.exists():
             raise ConfigError(f"resume=true but there is no checkpoint at {path}; set run-name to the run to resume")
-        checkpoint = read_checkpoint(path)
+        checkpoint = read_checkpoint(path, experiment.run.checkpoint_key())
         check_resumable(experiment, checkpoint)
     else:
         refuse_existing(output)
@@ -153,6 +154,7 @@ def run_server(grid: Grid, context: Context) -> ResultsWriter:
         resume_from=checkpoint,
         fail_on_no_training=experiment.run.fail_on_no_training,
         num_classes=known_num_classes(experiment),
+        checkpoint_key=experiment.run.checkpoint_key(),
     )
     workers = server_workers(experiment, grid)
     strategy = build_strategy(experiment, writer, workers)

@@ -10,7 +10,12 @@ functions are the maths of the strategies' optional defences (:class:`~flwr_pfl.
   (as in DP-FedAvg, McMahan et al., 2018);
 * :func:`trimmed_mean`: per coordinate, drop the ``k = floor(trim_fraction * K)`` largest and
   smallest of the K clients' values and average the rest without weights (Yin et al., 2018):
-  neither extreme values nor claimed example counts buy influence.
+  neither extreme values nor claimed example counts buy influence;
+* :func:`magnitude_outliers` and :func:`aggregate_blowup`: the defaults that are always on. A
+  reply whose norm is absurd next to the round's other replies is rejected, and an aggregate
+  that is non-finite or has grown by orders of magnitude in one round ends the run. Honest
+  replies of one federation are within a small factor of each other, so the screen never
+  touches an honest run's numbers; a 1e30 reply is a factor of 1e29 away.
 """
 
 from __future__ import annotations
@@ -81,3 +86,60 @@ def trimmed_mean(arrays_per_client: Sequence[Sequence[np.ndarray]], trim_fractio
         mean = kept.mean(axis=0)
         out.append(np.rint(mean).astype(ref.dtype) if np.issubdtype(ref.dtype, np.integer) else mean.astype(ref.dtype))
     return out
+
+
+#: the default of :func:`magnitude_outliers`' ``ratio`` and :func:`aggregate_blowup`'s ``growth``
+#: (run key ``outlier-norm-ratio``): three orders of magnitude. Honest replies of one federation
+#: differ by a small factor (models of one architecture trained alike; statistics summed over at
+#: most a few hundred times more examples on one client than on the median one)
+DEFAULT_OUTLIER_RATIO = 1e3
+
+
+def reply_norm(arrays: Sequence[np.ndarray]) -> float:
+    """L2 norm of a reply's floating-point arrays together (float64; ``inf`` when it overflows)."""
+    with np.errstate(over="ignore"):
+        return update_norm(arrays)
+
+
+def upper_median(values: Sequence[float]) -> float:
+    """The ``ceil((K + 1) / 2)``-th smallest value: the median of an odd count, the larger middle
+    value of an even one. More than half the values must be raised to raise it."""
+    if not values:
+        raise ValueError("the upper median of no values is undefined")
+    return float(sorted(values)[len(values) // 2])
+
+
+def magnitude_outliers(norms: Sequence[float], ratio: float, reference: float | None = None) -> list[int]:
+    """Indices of the replies whose norm is absurd: non-finite, or above ``ratio`` times the
+    reference norm.
+
+    The reference is the upper median of the finite norms when there are at least three (one
+    bad reply of three cannot move it), else ``reference`` (a norm the caller trusts: the
+    previous round's). With neither, or a reference of 0 (most replies all zeros: nothing to
+    compare with), only non-finite norms are outliers.
+
+    Raises:
+        ValueError: ``ratio`` is not > 1 (a ratio of 1 or less would reject honest replies).
+    """
+    if not ratio > 1:
+        raise ValueError(f"ratio must be > 1, got {ratio}")
+    finite = [n for n in norms if math.isfinite(n)]
+    ref = upper_median(finite) if len(finite) >= 3 else reference
+    limit = ratio * ref if ref is not None and math.isfinite(ref) and ref > 0 else math.inf
+    return [i for i, n in enumerate(norms) if not math.isfinite(n) or n > limit]
+
+
+def aggregate_blowup(arrays: Sequence[np.ndarray], previous: Sequence[np.ndarray] | None, growth: float) -> str | None:
+    """Why a new aggregate cannot be used (in words), or None: it holds NaN/Inf, or its norm
+    exceeds ``growth`` times the previous aggregate's norm, floored at ``sqrt(P)`` for P
+    floating-point values (the norm of entries of magnitude 1: a model that starts at zero may
+    grow to entries of magnitude ``growth`` on average)."""
+    bad = sum(int(np.size(a) - np.count_nonzero(np.isfinite(a))) for a in arrays if np.issubdtype(a.dtype, np.inexact))
+    if bad:
+        return f"{bad} NaN/Inf value(s)"
+    norm = reply_norm(arrays)
+    size = sum(int(np.size(a)) for a in arrays if np.issubdtype(a.dtype, np.floating))
+    before = max(reply_norm(previous) if previous else 0.0, math.sqrt(max(size, 1)))
+    if not math.isfinite(norm) or norm > growth * before:
+        return f"norm {norm:.4g}, more than {growth:g} x the previous round's {before:.4g}"
+    return None

@@ -36,8 +36,17 @@ from flwr.server.strategy import FedAvg
 
 from flwr_pfl.core.aggregation import weighted_average
 from flwr_pfl.core.metrics import aggregate_client_metrics
-from flwr_pfl.core.robust import clip_update, trimmed_mean, update_norm
-from flwr_pfl.errors import ConfigError, NumRoundsRequired, ReplyError
+from flwr_pfl.core.robust import (
+    DEFAULT_OUTLIER_RATIO,
+    aggregate_blowup,
+    clip_update,
+    magnitude_outliers,
+    reply_norm,
+    trimmed_mean,
+    update_norm,
+    upper_median,
+)
+from flwr_pfl.errors import ConfigError, DivergedError, NumRoundsRequired, ReplyError
 from flwr_pfl.strategies import hooks
 from flwr_pfl.strategies.decode import decode_arrays
 from flwr_pfl.strategies.sampling import PARTITION_QUERY, in_partition_order, sample_indices, sampling_rng
@@ -133,6 +142,14 @@ class PFLStrategy(FedAvg):
             the unweighted mean without the ``floor(trim_fraction * K)`` largest and smallest of
             the K replies' values (:func:`~flwr_pfl.core.robust.trimmed_mean`).
         trim_fraction: the share trimmed at each end by ``"trimmed-mean"``, in [0, 0.5).
+        outlier_norm_ratio: on by default for every algorithm, and never changing an honest
+            run's numbers (None: off). A fit reply whose norm (all its floating-point arrays
+            together, in the algorithm's own terms: a model, statistics, a subspace) exceeds this
+            many times the upper median of the round's reply norms is rejected, like any bad
+            reply (:func:`~flwr_pfl.core.robust.magnitude_outliers`; with fewer than three
+            replies, the previous round's median is the reference). An aggregate that holds
+            NaN/Inf or whose norm grew by more than this factor in one round ends the run with
+            :class:`~flwr_pfl.errors.DivergedError` instead of being sent to the clients.
         eval_every: the clients evaluate every this many rounds (counted over the whole run,
             resumes included) and after the last one; 0 = after the last one only; 1 (default)
             = every round. Anything but 1 needs ``num_rounds``. Long protocols (pFedFDA's
@@ -199,6 +216,7 @@ class PFLStrategy(FedAvg):
         aggregate: str = "mean",
         trim_fraction: float = 0.1,
         eval_every: int = 1,
+        outlier_norm_ratio: float | None = DEFAULT_OUTLIER_RATIO,
     ) -> None:
         if num_clients < 1:
             raise ValueError(f"num_clients must be >= 1, got {num_clients}")
@@ -231,6 +249,15 @@ class PFLStrategy(FedAvg):
         self.max_examples = max_examples
         self.aggregate = aggregate
         self.trim_fraction = trim_fraction
+        if outlier_norm_ratio is not None and (isinstance(outlier_norm_ratio, bool)
+                                               or not isinstance(outlier_norm_ratio, (int, float))
+                                               or not outlier_norm_ratio > 1):
+            raise ConfigError(f"{type(self).__name__}: outlier_norm_ratio (outlier-norm-ratio) must be a number > 1 or "
+                              f"None (off), got {outlier_norm_ratio!r}")
+        self.outlier_norm_ratio = outlier_norm_ratio
+        #: the upper median of the latest screened round's accepted reply norms (the reference of
+        #: a round with fewer than three replies)
+        self.norm_reference: float | None = None
         super().__init__(
             fraction_fit=fraction_fit,
             fraction_evaluate=fraction_evaluate,
@@ -309,7 +336,7 @@ class PFLStrategy(FedAvg):
             norm = update_norm([a.astype(np.float64) - g for a, g in zip(r.arrays, self.global_arrays) if np.issubdtype(a.dtype, np.floating)])
             if norm > self.clip_update_norm:
                 log(INFO, "round %d: partition %d's update (norm %.4g) clipped to clip-update-norm=%g",
-                    self.round_offset + server_round, r.partition_id, norm, self.clip_update_norm)
+                    self.run_round(server_round), r.partition_id, norm, self.clip_update_norm)
             out.append(replace(r, arrays=clip_update(r.arrays, self.global_arrays, self.clip_update_norm)))
         return out
 
@@ -326,14 +353,19 @@ class PFLStrategy(FedAvg):
                 f"strategies are never told: pass num_rounds=<the ServerConfig's num_rounds>, or {alternative}"
             )
 
+    def run_round(self, server_round: int) -> int:
+        """The run's number of ``server_round`` (of this process): resumes count the rounds done
+        before them, so that logs and records number rounds alike."""
+        return self.round_offset + server_round
+
     def is_last_round(self, server_round: int) -> bool:
         """Whether ``server_round`` (of this process; resumes add ``round_offset``) is the run's last."""
-        return bool(self.num_rounds) and self.round_offset + server_round >= self.num_rounds
+        return bool(self.num_rounds) and self.run_round(server_round) >= self.num_rounds
 
     def evaluation_due(self, server_round: int) -> bool:
         """Whether the clients evaluate in ``server_round`` (``eval_every``): every
         ``eval_every``-th round of the run, and the last."""
-        current = self.round_offset + server_round
+        current = self.run_round(server_round)
         return (self.eval_every > 0 and current % self.eval_every == 0) or self.is_last_round(server_round)
 
     def refuses_failures(self, count: int) -> bool:
@@ -398,14 +430,14 @@ class PFLStrategy(FedAvg):
         """Ask the clients whose partition id is unknown for it; a client that cannot answer
         stays unknown and is asked again next time."""
         unknown = [p for p in clients if p.cid not in self.partition_of]
-        config = {**PARTITION_QUERY, "server-round": self.round_offset + server_round}
+        config = {**PARTITION_QUERY, "server-round": self.run_round(server_round)}
         for proxy, answer in zip(unknown, self.query_properties(server_round, unknown, config)):
             partition = _partition_id(answer)
             if partition is not None and 0 <= partition < self.num_clients:
                 self.partition_of[proxy.cid] = partition
             else:
                 log(WARNING, "round %d: client %s did not report a partition id in [0, %d): %r",
-                    server_round, proxy.cid, self.num_clients, answer)
+                    self.run_round(server_round), proxy.cid, self.num_clients, answer)
 
     def all_clients(self, server_round: int, client_manager: ClientManager) -> list[ClientProxy]:
         """Every connected client whose partition id is known, in partition order (after waiting
@@ -434,7 +466,7 @@ class PFLStrategy(FedAvg):
         if available < least:
             what = "min_fit_clients" if stage == "fit" else "min_evaluate_clients" if stage == "evaluate" else "min_clients"
             log(WARNING, "round %d: %s: only %d clients connected, fewer than %s=%d: the %s step of this round is "
-                "skipped (lower %s to go on with fewer clients)", self.round_offset + server_round, stage, available,
+                "skipped (lower %s to go on with fewer clients)", self.run_round(server_round), stage, available,
                 what, least, stage, what)
             return []
         size = min(max(int(available * fraction), least), available)
@@ -443,10 +475,16 @@ class PFLStrategy(FedAvg):
             sampled = sorted(clients, key=lambda p: (self.partition_of.get(p.cid, -1), p.cid))
         else:
             clients = self.all_clients(server_round, client_manager)
-            rng = sampling_rng(self.seed, stage, self.round_offset + server_round)
+            rng = sampling_rng(self.seed, stage, self.run_round(server_round))
             sampled = [clients[i] for i in sample_indices(len(clients), size, rng)]
-        self._sampled_nodes[stage] = [p.cid for p in sampled]
+        self.record_sample(stage, sampled)
         return sampled
+
+    def record_sample(self, stage: str, sampled: Iterable[ClientProxy]) -> None:
+        """Remember who ``stage`` (fit, evaluate) sampled this round, so that its aggregation
+        records who was dropped (``num_dropped``, ``dropped_ids``); a subclass that samples its
+        own way calls this."""
+        self._sampled_nodes[stage] = [p.cid for p in sampled]
 
     # ---------------------------------------------------------------- configs (Flower's hooks)
     def _round_config(self, hook: str, server_round: int) -> dict[str, Scalar]:
@@ -455,7 +493,7 @@ class PFLStrategy(FedAvg):
         fn = getattr(self, hook)
         if fn is None:
             return {}
-        current = self.round_offset + server_round
+        current = self.run_round(server_round)
         cached = self._round_configs.get(hook)
         if cached is None or cached[0] != current:
             cached = (current, hooks.round_config(type(self).__name__, hook, fn, current))
@@ -468,7 +506,7 @@ class PFLStrategy(FedAvg):
         not reuse)."""
         user = {**self.extra_fit_config, **self._round_config("on_fit_config_fn", server_round)}
         hooks.report_unread_keys(type(self).__name__, "fit_config / on_fit_config_fn", user, self.reported_config_keys)
-        own = {"server-round": self.round_offset + server_round, **(protocol or {})}
+        own = {"server-round": self.run_round(server_round), **(protocol or {})}
         return hooks.merge_config(type(self).__name__, "fit_config / on_fit_config_fn", user, own)
 
     def evaluate_config(self, server_round: int, protocol: Mapping[str, Scalar] | None = None) -> dict[str, Scalar]:
@@ -478,7 +516,7 @@ class PFLStrategy(FedAvg):
         user = self._round_config("on_evaluate_config_fn", server_round)
         hooks.report_unread_keys(type(self).__name__, "on_evaluate_config_fn", user, self.reported_config_keys)
         last = self.is_last_round(server_round)
-        own = {"server-round": self.round_offset + server_round, **(self.last_round_config if last else {}), **(protocol or {})}
+        own = {"server-round": self.run_round(server_round), **(self.last_round_config if last else {}), **(protocol or {})}
         return hooks.merge_config(type(self).__name__, "on_evaluate_config_fn", user, own)
 
     def fit_instructions(
@@ -529,7 +567,7 @@ class PFLStrategy(FedAvg):
             built = instruction(pid)
             if built is None:
                 log(WARNING, "round %d: client %s (partition %s) has no model of its own on the server; not evaluated",
-                    self.round_offset + server_round, proxy.cid, pid)
+                    self.run_round(server_round), proxy.cid, pid)
                 continue
             arrays, protocol = built
             out.append((proxy, EvaluateIns(ndarrays_to_parameters(arrays), self.evaluate_config(server_round, protocol))))
@@ -549,7 +587,7 @@ class PFLStrategy(FedAvg):
         if self.evaluate_fn is None or (server_round == 0 and self.round_offset):
             return None
         arrays = self.global_arrays if self.global_arrays is not None else self.initial_global_arrays(parameters)
-        current = self.round_offset + server_round
+        current = self.run_round(server_round)
         answer = hooks.server_evaluation(
             type(self).__name__, self.evaluate_fn(current, [np.array(a, copy=True) for a in arrays], {})
         )
@@ -570,15 +608,43 @@ class PFLStrategy(FedAvg):
         """Shapes of the arrays a fit reply must carry (default: those of the global arrays)."""
         return [tuple(a.shape) for a in (self.global_arrays or [])]
 
+    def expected_dtypes(self, server_round: int) -> list[np.dtype | None]:
+        """The dtype of each array of :meth:`expected_shapes` (None: any real dtype). Default:
+        the global arrays' own. A subclass that changes :meth:`expected_shapes` changes this too."""
+        return [np.asarray(a).dtype for a in (self.global_arrays or [])]
+
     def check_reply(self, server_round: int, proxy: ClientProxy, res: FitRes) -> ClientReply:
         """Decode and validate one fit reply; raise ReplyError naming the client and problem."""
-        partition_id = int(res.metrics.get("partition_id", -1))
+        partition_id = self.check_partition(proxy.cid, res.metrics.get("partition_id", -1))
         who = f"{proxy.cid} (partition {partition_id})"
         arrays = decode_arrays(res.parameters)
-        check_arrays(who, arrays, self.expected_shapes(server_round), res.num_examples)
+        check_arrays(who, arrays, self.expected_shapes(server_round), res.num_examples, self.expected_dtypes(server_round))
         if partition_id >= 0:
             self.partition_of[proxy.cid] = partition_id
         return ClientReply(proxy.cid, partition_id, res.num_examples, arrays, dict(res.metrics))
+
+    def check_partition(self, cid: str, reported: Any) -> int:
+        """The partition id a reply reports (-1: none), once checked against its node.
+
+        A reply's partition id must be an integer in [0, num_clients) and the one its node
+        reported before (learned from its first answer: a partition query or a reply): a node
+        that claims another partition's id would take that partition's weight, state and
+        records. A node that restarts comes back under a new node id and is learned anew.
+
+        Raises:
+            ReplyError: naming the node, the id it reports and the one it had.
+        """
+        if reported is None or (isinstance(reported, (int, float)) and not isinstance(reported, bool) and reported == -1):
+            return -1
+        if (isinstance(reported, bool) or not isinstance(reported, (int, float)) or not float(reported).is_integer()
+                or not 0 <= reported < self.num_clients):
+            raise ReplyError(f"client {cid}: partition_id {reported!r} is not a partition of this federation "
+                             f"(an integer in [0, {self.num_clients}))")
+        known = self.partition_of.get(cid)
+        if known is not None and int(reported) != known:
+            raise ReplyError(f"client {cid}: reports partition {int(reported)}, but this node is partition {known}: a "
+                             "node cannot change its partition during a run; its reply is rejected")
+        return int(reported)
 
     def aggregate_replies(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
         """Combine validated replies into the new global arrays (default: FedAvg, Eq. in Alg. 1)."""
@@ -597,28 +663,40 @@ class PFLStrategy(FedAvg):
         start = time.perf_counter()
         replies: list[ClientReply] = []
         rejected = 0
+        claimed: set[int] = set()
+        kept: list[tuple[ClientProxy, FitRes]] = []
         for proxy, res in in_partition_order(results):  # sums must not depend on arrival order
             try:
                 self.check_examples(proxy.cid, res.num_examples)
-                replies.append(self.check_reply(server_round, proxy, res))
+                check_unclaimed(proxy.cid, res.metrics.get("partition_id"), claimed)
+                reply = self.check_reply(server_round, proxy, res)
+                claimed.add(reply.partition_id)
+                replies.append(reply)
+                kept.append((proxy, res))
             except ReplyError as err:
-                log(WARNING, "round %d: rejected a fit reply: %s", server_round, err)
+                log(WARNING, "round %d: rejected a fit reply: %s", self.run_round(server_round), err)
                 failures.append((proxy, res))
                 rejected += 1
+        for index in reversed(self.screen_outliers(server_round, replies)):
+            failures.append(kept.pop(index))
+            replies.pop(index)
+            rejected += 1
         for failure in failures:
             if isinstance(failure, BaseException):
-                log(WARNING, "round %d: a client failed: %r", server_round, failure)
+                log(WARNING, "round %d: a client failed: %r", self.run_round(server_round), failure)
         metrics: dict[str, Any] = {"num_failures": float(len(failures)), "num_rejected": float(rejected)}
         if self.refuses_failures(len(failures)):
             log(WARNING, "round %d: %d failed or rejected fit replies and accept_failures=False: the round is "
-                "not aggregated; the global model is unchanged", server_round, len(failures))
+                "not aggregated; the global model is unchanged", self.run_round(server_round), len(failures))
             self._notify(server_round, "fit", metrics, {})
             return None, metrics
         if not replies:
-            log(WARNING, "round %d: no valid fit replies; the global model is unchanged", server_round)
+            log(WARNING, "round %d: no valid fit replies; the global model is unchanged", self.run_round(server_round))
             self._notify(server_round, "fit", metrics, {})
             return None, metrics
+        previous = self.global_arrays
         arrays = self.aggregate_replies(server_round, self.bound_replies(server_round, replies))
+        self.check_aggregate(server_round, arrays, previous)
         self.global_arrays = arrays
         metrics |= aggregate_client_metrics(
             [(r.num_examples, r.metrics) for r in replies], keys=self.fit_metric_keys(replies)
@@ -630,6 +708,36 @@ class PFLStrategy(FedAvg):
         self._replied = ("fit", server_round, who)
         self._notify(server_round, "fit", metrics, clients)
         return ndarrays_to_parameters(arrays), metrics
+
+    def screen_outliers(self, server_round: int, replies: list[ClientReply], what: str = "fit reply") -> list[int]:
+        """Indices (ascending) of the replies whose norm is absurd next to the others'
+        (``outlier_norm_ratio``, :func:`~flwr_pfl.core.robust.magnitude_outliers`), each logged
+        as rejected; the accepted ones' upper median becomes the next round's reference."""
+        if self.outlier_norm_ratio is None or not replies:
+            return []
+        norms = [reply_norm(r.arrays) for r in replies]
+        outliers = magnitude_outliers(norms, self.outlier_norm_ratio, self.norm_reference)
+        for i in outliers:
+            log(WARNING, "round %d: rejected a %s: client %s (partition %d): its norm %.4g is more than "
+                "outlier-norm-ratio=%g times the round's reference", self.run_round(server_round), what,
+                replies[i].cid, replies[i].partition_id, norms[i], self.outlier_norm_ratio)
+        accepted = [n for i, n in enumerate(norms) if i not in outliers]
+        if accepted:
+            self.norm_reference = upper_median(accepted)
+        return outliers
+
+    def check_aggregate(self, server_round: int, arrays: NDArrays, previous: NDArrays | None) -> None:
+        """End the run (:class:`~flwr_pfl.errors.DivergedError`) when a new aggregate holds NaN/Inf
+        or grew by more than ``outlier_norm_ratio`` in one round: sending it would ruin every
+        client, and a run that goes on from it only looks completed."""
+        if self.outlier_norm_ratio is None:
+            return
+        problem = aggregate_blowup(arrays, previous, self.outlier_norm_ratio)
+        if problem is not None:
+            raise DivergedError(f"{type(self).__name__}, round {self.run_round(server_round)}: the aggregate of the "
+                                f"accepted replies has {problem}; it is not used and the run ends here (the last "
+                                "checkpoint holds the model before it). Lower the learning rate, or look for a client "
+                                "whose replies are consistently the largest")
 
     def fit_metric_keys(self, replies: list[ClientReply]) -> list[str]:
         """Numeric fit metrics to summarise (all but bookkeeping)."""
@@ -651,11 +759,11 @@ class PFLStrategy(FedAvg):
                 valid.append((proxy, res))
             else:
                 log(WARNING, "round %d: rejected evaluation of client %s (loss %s, %d examples)",
-                    server_round, proxy.cid, res.loss, res.num_examples)
+                    self.run_round(server_round), proxy.cid, res.loss, res.num_examples)
         metrics: dict[str, Any] = {"num_failures": float(len(failures) + len(results) - len(valid))}
         if self.refuses_failures(len(failures) + len(results) - len(valid)):
             log(WARNING, "round %d: failed or rejected evaluations and accept_failures=False: the evaluation "
-                "is not aggregated", server_round)
+                "is not aggregated", self.run_round(server_round))
             self._notify(server_round, "evaluate", metrics, {})
             return None, metrics
         if not valid:
@@ -670,14 +778,14 @@ class PFLStrategy(FedAvg):
                    for (_, pid), (_, r) in zip(who, valid) if pid is not None}
         self._replied = ("evaluate", server_round, who)
         self._notify(server_round, "evaluate", metrics, clients)
-        log(INFO, "round %d: %s", server_round, _headline(metrics))
+        log(INFO, "round %d: %s", self.run_round(server_round), _headline(metrics))
         return loss, metrics
 
     def _notify(self, server_round: int, phase: str, metrics: dict[str, float], clients: dict[int, dict[str, Scalar]]) -> None:
         if phase in ("fit", "evaluate"):  # recorded, not returned to Flower: the results rows say who took part
             metrics = {**metrics, **self._participation(server_round, phase, clients)}
         if self.on_round is not None:
-            self.on_round(self.round_offset + server_round, phase, metrics, clients)
+            self.on_round(self.run_round(server_round), phase, metrics, clients)
 
     def reply_partition(self, cid: str, reported: int | None) -> int | None:
         """The partition id a reply from node ``cid`` is recorded under: the one it reports (>= 0),
@@ -723,7 +831,7 @@ class PFLStrategy(FedAvg):
         out["dropped_ids"] = " ".join(_who(cid, partition) for partition, cid in dropped)
         if dropped:
             log(WARNING, "round %d: %s: %d of %d sampled clients dropped (no reply in time, left, failed or "
-                "rejected): %s; going on with partitions [%s]", self.round_offset + server_round, phase,
+                "rejected): %s; going on with partitions [%s]", self.run_round(server_round), phase,
                 len(dropped), len(sampled), out["dropped_ids"], taken)
         return out
 
@@ -796,6 +904,14 @@ class PFLStrategy(FedAvg):
                         "does not match the model; resume with the model it was written with"
                     )
         return arrays
+
+
+def check_unclaimed(cid: str, reported: Any, claimed: set[int]) -> None:
+    """ReplyError when a reply reports a partition id that an accepted reply of the same
+    exchange already holds. Called before the reply is checked, since checking it teaches the
+    strategy the node's partition (and, for some, its counts)."""
+    if isinstance(reported, (int, float)) and not isinstance(reported, bool) and reported in claimed:
+        raise ReplyError(f"client {cid}: a second reply for partition {reported} this round")
 
 
 def _partition_id(answer: dict[str, Scalar] | BaseException) -> int | None:

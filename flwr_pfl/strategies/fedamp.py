@@ -133,7 +133,7 @@ class FedAMP(PFLStrategy):
             pid = self.partition_of.get(proxy.cid)
             if pid is None or not 0 <= pid < self.num_clients:
                 log(WARNING, "round %d: client %s has no partition id in [0, %d); not sent a cloud model",
-                    self.round_offset + server_round, proxy.cid, self.num_clients)
+                    self.run_round(server_round), proxy.cid, self.num_clients)
                 continue
             arrays, xi = self.cloud(pid)
             self._self_weights[pid] = float(xi[pid])
@@ -141,7 +141,7 @@ class FedAMP(PFLStrategy):
         negative = sorted(pid for pid, w in self._self_weights.items() if w < 0)
         if negative:
             log(WARNING, "round %d: xi_ii < 0 for partitions %s: their cloud models extrapolate (see alpha_k, sigma)",
-                self.round_offset + server_round, negative)
+                self.run_round(server_round), negative)
         return out
 
     def configure_evaluate(
@@ -158,6 +158,10 @@ class FedAMP(PFLStrategy):
         """The model's shapes, then the parameter mask (A,)."""
         shapes = super().expected_shapes(server_round)
         return [*shapes, (len(shapes),)]
+
+    def expected_dtypes(self, server_round: int) -> list[np.dtype | None]:
+        """The model's dtypes, then the mask (any real dtype: its values are checked)."""
+        return [*super().expected_dtypes(server_round), None]
 
     def check_reply(self, server_round: int, proxy: ClientProxy, res: FitRes) -> ClientReply:
         """The base checks, then: the partition id is the one the client was sent its u_i for,

@@ -60,7 +60,7 @@ from flwr_pfl.core import feddar as core
 from flwr_pfl.core.aggregation import weighted_average
 from flwr_pfl.core.metrics import aggregate_client_metrics
 from flwr_pfl.errors import ReplyError
-from flwr_pfl.strategies.base import PFLStrategy
+from flwr_pfl.strategies.base import PFLStrategy, check_unclaimed
 from flwr_pfl.strategies.decode import decode_arrays
 from flwr_pfl.strategies.sampling import in_partition_order
 from flwr_pfl.strategies.validation import ClientReply, Scalar, check_arrays
@@ -101,14 +101,14 @@ class DomainCountingStrategy(PFLStrategy):
         unknown = [p for cid, p in sorted(client_manager.all().items()) if self.partition_of.get(cid) not in self.count_table]
         if not unknown:
             return
-        config = {QUERY_KEY: COUNTS_QUERY, "server-round": self.round_offset + server_round}
+        config = {QUERY_KEY: COUNTS_QUERY, "server-round": self.run_round(server_round)}
         for proxy, answer in zip(unknown, self.query_properties(server_round, unknown, config)):
             try:
                 if isinstance(answer, BaseException):
                     raise answer
                 self._record_counts(proxy, answer)
             except Exception as err:  # a failed or malformed answer: that client stays unknown
-                log(WARNING, "round %d: no domain counts from client %s: %s", server_round, proxy.cid, err)
+                log(WARNING, "round %d: no domain counts from client %s: %s", self.run_round(server_round), proxy.cid, err)
         if not self.count_table:
             raise RuntimeError("no client reported its per-domain sample counts; FedDAR cannot start")
 
@@ -211,6 +211,9 @@ class SeparateFedAvg(DomainCountingStrategy):
     def expected_shapes(self, server_round: int) -> list[tuple[int, ...]]:
         return super().expected_shapes(server_round) + [(self.num_domains,)]
 
+    def expected_dtypes(self, server_round: int) -> list[np.dtype | None]:
+        return super().expected_dtypes(server_round) + [None]
+
     def check_reply(self, server_round: int, proxy: ClientProxy, res: FitRes) -> ClientReply:
         reply = super().check_reply(server_round, proxy, res)
         _check_counts(f"{proxy.cid} (partition {reply.partition_id})", reply.arrays[-1], reply.num_examples)
@@ -302,7 +305,7 @@ class FedDAR(DomainCountingStrategy):
     # ---------------------------------------------------------------- layout
     def phase(self, server_round: int) -> str:
         """``"warmup"`` for rounds 1..warmup_rounds, else ``"feddar"``."""
-        return "warmup" if self.round_offset + server_round <= self.warmup_rounds else "feddar"
+        return "warmup" if self.run_round(server_round) <= self.warmup_rounds else "feddar"
 
     @property
     def layout(self) -> core.HeadLayout:
@@ -349,7 +352,7 @@ class FedDAR(DomainCountingStrategy):
         self.global_arrays = arrays
 
     def lr_scale(self, server_round: int) -> float:
-        decayed = self.lr_decay_round and self.round_offset + server_round >= self.lr_decay_round
+        decayed = self.lr_decay_round and self.run_round(server_round) >= self.lr_decay_round
         return self.lr_decay_factor if decayed else 1.0
 
     # ---------------------------------------------------------------- round
@@ -390,23 +393,27 @@ class FedDAR(DomainCountingStrategy):
         rejected = 0
         for proxy, res in in_partition_order(results):  # the head sums must not depend on arrival order
             try:
+                check_unclaimed(proxy.cid, res.metrics.get("partition_id"), {r.partition_id for r in replies})
                 replies.append(self.check_head_reply(proxy, res))
             except ReplyError as err:
-                log(WARNING, "round %d: rejected a head-phase reply: %s", server_round, err)
+                log(WARNING, "round %d: rejected a head-phase reply: %s", self.run_round(server_round), err)
                 rejected += 1
+        outliers = self.screen_outliers(server_round, replies, "head-phase reply")
+        replies = [r for i, r in enumerate(replies) if i not in outliers]
+        rejected += len(outliers)
         for failure in failures:
-            log(WARNING, "round %d: a client failed in the head phase: %r", server_round,
+            log(WARNING, "round %d: a client failed in the head phase: %r", self.run_round(server_round),
                 failure if isinstance(failure, BaseException) else failure[1].status)
         metrics: dict[str, Any] = {"num_failures": float(len(failures) + rejected), "num_rejected": float(rejected)}
         if self.refuses_failures(len(failures) + rejected):
             log(WARNING, "round %d: %d head-phase failure(s) and accept_failures=False: the round is not "
-                "aggregated (no representation phase)", server_round, len(failures) + rejected)
+                "aggregated (no representation phase)", self.run_round(server_round), len(failures) + rejected)
             replies = []
         elif replies:
             metrics |= self.aggregate_heads(server_round, replies)
             metrics |= aggregate_client_metrics([(r.num_examples, r.metrics) for r in replies], keys=["head_loss"])
         else:
-            log(WARNING, "round %d: no valid head-phase replies; the heads are unchanged", server_round)
+            log(WARNING, "round %d: no valid head-phase replies; the heads are unchanged", self.run_round(server_round))
         self._notify(server_round, "head", self._notify_u(metrics), {r.partition_id: r.metrics for r in replies})
         return {r.cid for r in replies}
 
@@ -427,7 +434,7 @@ class FedDAR(DomainCountingStrategy):
         absent = [m for m, n in enumerate(pooled) if n == 0]
         if absent:
             log(INFO, "round %d: domain(s) %s have no samples among this round's clients; their heads "
-                "are kept (u_m = 0)", server_round, ", ".join(map(str, absent)))
+                "are kept (u_m = 0)", self.run_round(server_round), ", ".join(map(str, absent)))
         if self.aggregation is not core.HeadAggregation.SA:
             return
         if layout.num_params > SA_COMFORTABLE_PARAMS and "large" not in self._warned:
@@ -443,16 +450,16 @@ class FedDAR(DomainCountingStrategy):
             log(WARNING, "round %d: FedDAR-SA: domain %d has %d sample(s) this round, fewer than the %d "
                 "inputs of its head (feature width %d%s), so its summed Hessian is singular; the "
                 "sa-solver decides (exact skips the update); sample more clients per round or use WA",
-                server_round, m, n, layout.in_dim, layout.feature_dim, " + bias" if layout.bias else "")
+                self.run_round(server_round), m, n, layout.in_dim, layout.feature_dim, " + bias" if layout.bias else "")
 
     def check_head_reply(self, proxy: ClientProxy, res: FitRes) -> ClientReply:
         """Validate a head-phase reply against the wire layout; raise ReplyError otherwise."""
-        partition_id = int(res.metrics.get("partition_id", -1))
+        partition_id = self.check_partition(proxy.cid, res.metrics.get("partition_id", -1))
         who = f"{proxy.cid} (partition {partition_id})"
         arrays = decode_arrays(res.parameters)
         m, p = self.num_domains, self.layout.num_params
         shapes = [(m, p), (m,)] + ([(m, p, p)] if self.aggregation is core.HeadAggregation.SA else [])
-        check_arrays(who, arrays, shapes, res.num_examples)
+        check_arrays(who, arrays, shapes, res.num_examples, [np.dtype(np.float64)] * len(shapes))  # as the clients send them
         _check_counts(who, arrays[1], res.num_examples)
         if partition_id >= 0:
             self.partition_of[proxy.cid] = partition_id
@@ -470,8 +477,9 @@ class FedDAR(DomainCountingStrategy):
         try:
             result = core.aggregate_heads(self.aggregation, heads, counts, prev, hessians, self.sa_options, self.head_loss)
         except ValueError as err:  # the exact solver met a singular system (spec 9.3)
-            log(WARNING, "round %d: head aggregation failed, heads kept: %s", server_round, err)
+            log(WARNING, "round %d: head aggregation failed, heads kept: %s", self.run_round(server_round), err)
             return metrics | {"head_update_skipped": 1.0}
+        self.check_aggregate(server_round, [result.heads], [prev])
         self.set_global_heads(result.heads)
         for m in range(self.num_domains):
             metrics[f"updated_dom{m}"] = float(result.updated[m])
@@ -488,6 +496,10 @@ class FedDAR(DomainCountingStrategy):
     def expected_shapes(self, server_round: int) -> list[tuple[int, ...]]:
         shapes = super().expected_shapes(server_round)
         return shapes if self.phase(server_round) == "warmup" else shapes[: self.num_encoder_arrays]
+
+    def expected_dtypes(self, server_round: int) -> list[np.dtype | None]:
+        dtypes = super().expected_dtypes(server_round)
+        return dtypes if self.phase(server_round) == "warmup" else dtypes[: self.num_encoder_arrays]
 
     def aggregate_replies(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
         if self.phase(server_round) == "warmup":

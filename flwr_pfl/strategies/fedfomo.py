@@ -135,7 +135,7 @@ class FedFomo(PFLStrategy):
     def choose(self, server_round: int, pid: int) -> list[int]:
         """The models client ``pid`` downloads in ``server_round`` (of this process; the run's
         round counts the rounds before a resume), epsilon-greedily from its affinity row."""
-        current = self.round_offset + server_round
+        current = self.run_round(server_round)
         rng = stage_rng(self.seed, f"fedfomo/candidates/{pid}", current)
         rate = exploration_rate(self.epsilon, self.epsilon_decay, current)
         return select_candidates(self.affinity[pid], self.pool(pid), self.num_models, rate, rng)
@@ -167,14 +167,14 @@ class FedFomo(PFLStrategy):
         """The model's arrays (shapes of the global arrays, finite) and one finite weight per
         model the client was sent this round; its partition id must be the one it was sent to,
         and only its first valid reply of the round counts (its weights are added once)."""
-        partition_id = int(res.metrics.get("partition_id", -1))
+        partition_id = self.check_partition(proxy.cid, res.metrics.get("partition_id", -1))
         who = f"{proxy.cid} (partition {partition_id})"
         known = self.partition_of.get(proxy.cid)
         if partition_id not in self.sent or (known is not None and known != partition_id):
             raise ReplyError(f"client {who}: no FedFomo instruction of this round went to partition {partition_id}")
         shapes = [tuple(a.shape) for a in (self.global_arrays or [])] + [(len(self.sent[partition_id]),)]
         arrays = decode_arrays(res.parameters)
-        check_arrays(who, arrays, shapes, res.num_examples)
+        check_arrays(who, arrays, shapes, res.num_examples, [*self.expected_dtypes(server_round), None])
         if not np.issubdtype(arrays[-1].dtype, np.floating):
             raise ReplyError(f"client {who}: its weights are {arrays[-1].dtype}, not floating-point numbers")
         for i, (array, own) in enumerate(zip(arrays[:-1], self.global_arrays or [])):

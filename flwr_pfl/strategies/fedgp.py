@@ -170,7 +170,7 @@ class FDAStrategy(PFLStrategy):
     # ---------------------------------------------------------------- schedule
     def plan(self, server_round: int):
         """The core's round plan, adjusted for the baselines (Target Only: no warm-up)."""
-        r = self.round_offset + server_round
+        r = self.run_round(server_round)
         if self.mode == "target_only":
             return plan_round(r, _replace(self.config, warmup_rounds=0, auto_weight=False, placement=Placement.SERVER))
         if self.mode == "source_only":
@@ -185,12 +185,12 @@ class FDAStrategy(PFLStrategy):
         # target placement, second half: the target alone, with the sources' models
         if self._sources_refused:
             log(WARNING, "round %d: the sources' round was not aggregated (accept_failures=False); this FDA "
-                "round is skipped", server_round)
+                "round is skipped", self.run_round(server_round))
             self._sources_refused, self._pending = False, []
             return []
         proxy = client_manager.all().get(self.target_cid) if self.target_cid is not None else None
         if proxy is None:
-            log(WARNING, "round %d: the target client is unknown or gone; this FDA round is skipped", server_round)
+            log(WARNING, "round %d: the target client is unknown or gone; this FDA round is skipped", self.run_round(server_round))
             self._pending = []
             return []
         return self.fit_instructions(server_round, parameters, [proxy])
@@ -225,7 +225,7 @@ class FDAStrategy(PFLStrategy):
         """The target's instructions under the target placement: the global arrays, then the
         kept source models (order shuffled per round), their metadata and the options."""
         if self.shuffle_sources and len(self._pending) > 1:
-            rng = np.random.default_rng([self.round_offset + server_round, len(self._pending)])
+            rng = np.random.default_rng([self.run_round(server_round), len(self._pending)])
             self._pending = [self._pending[i] for i in rng.permutation(len(self._pending))]
         meta = [{"n": r.num_examples, "lr": float(r.metrics["lr"]), "steps": int(r.metrics["num_steps"])} for r in self._pending]
         arrays = list(self.global_arrays or []) + [a for r in self._pending for a in r.arrays]
@@ -249,7 +249,7 @@ class FDAStrategy(PFLStrategy):
     # ---------------------------------------------------------------- replies
     def check_reply(self, server_round: int, proxy: ClientProxy, res: FitRes) -> ClientReply:
         metrics = dict(res.metrics)
-        pid = int(metrics.get("partition_id", -1))
+        pid = self.check_partition(proxy.cid, metrics.get("partition_id", -1))
         who = f"{proxy.cid} (partition {pid})"
         arrays = decode_arrays(res.parameters)
         expected = self.expected_shapes(server_round)
@@ -260,7 +260,7 @@ class FDAStrategy(PFLStrategy):
             check_arrays(who, [], [], res.num_examples)
         else:
             n_model = len(expected)
-            check_arrays(who, arrays[:n_model], expected, res.num_examples)
+            check_arrays(who, arrays[:n_model], expected, res.num_examples, self.expected_dtypes(server_round))
             extra = arrays[n_model:]
             wants_matrix = (
                 is_target
@@ -340,7 +340,7 @@ class FDAStrategy(PFLStrategy):
         self._round_metrics = metrics
         if plan.phase is Phase.WARMUP or self.mode == "source_only":
             if not sources:
-                log(WARNING, "round %d: no source update; the global model is unchanged", server_round)
+                log(WARNING, "round %d: no source update; the global model is unchanged", self.run_round(server_round))
                 return glob
             w = source_weights([r.num_examples for r in sources], self.config.source_weighting)
             return weighted_average([r.arrays for r in sources], list(w))
@@ -348,7 +348,7 @@ class FDAStrategy(PFLStrategy):
             self._pending = sources
             return glob
         if target is None or target.metrics.get("skipped"):
-            log(WARNING, "round %d: no update from the target client; the global model is unchanged", server_round)
+            log(WARNING, "round %d: no update from the target client; the global model is unchanged", self.run_round(server_round))
             metrics["target_missing"] = 1.0
             return glob
         target_arrays = target.arrays[: len(glob)]
@@ -356,7 +356,7 @@ class FDAStrategy(PFLStrategy):
             return self._adopt_target_aggregate(target, target_arrays, metrics)
         if self.mode == "target_only" or not sources:
             if self.mode != "target_only":
-                log(WARNING, "round %d: no source update; the target's model becomes the global model", server_round)
+                log(WARNING, "round %d: no source update; the target's model becomes the global model", self.run_round(server_round))
             return [np.asarray(a) for a in target_arrays]
         return self._fda_update(glob, target, target_arrays, sources, metrics)
 
@@ -438,7 +438,7 @@ class FDAStrategy(PFLStrategy):
                 self.target_cid = proxy.cid
         loss, metrics = super().aggregate_evaluate(server_round, results, failures)
         if "target_loss" in self._eval_target:
-            log(INFO, "round %d: target accuracy %.4f (last-5 mean %.4f)", server_round,
+            log(INFO, "round %d: target accuracy %.4f (last-5 mean %.4f)", self.run_round(server_round),
                 self._eval_target.get("target_accuracy", float("nan")), self._eval_target.get("target_accuracy_last5", float("nan")))
             return self._eval_target["target_loss"], {**metrics, **self._eval_target}
         return loss, metrics

@@ -247,8 +247,9 @@ class FEDORA(PFLStrategy):
             self.setup_errors[pid] = reason
             log(WARNING, "FEDORA setup: client %s (partition %d) sent no subspace: %s", proxy.cid, pid, reason)
             return pid, None
-        if len(arrays) != 1:
-            self.setup_errors[pid] = f"sent {len(arrays)} arrays, expected 1"
+        if len(arrays) != 1 or arrays[0].dtype.kind != "f":
+            self.setup_errors[pid] = (f"sent {len(arrays)} arrays, expected 1" if len(arrays) != 1 else
+                                      f"sent a {arrays[0].dtype} subspace, expected real floating-point numbers")
             log(WARNING, "FEDORA setup: partition %d %s", pid, self.setup_errors[pid])
             return pid, None
         return pid, arrays[0]
@@ -287,7 +288,7 @@ class FEDORA(PFLStrategy):
         for proxy in clients:
             pid = self.partition_of.get(proxy.cid)
             if pid is None:
-                log(WARNING, "round %d: client %s has no known partition id; skipped", server_round, proxy.cid)
+                log(WARNING, "round %d: client %s has no known partition id; skipped", self.run_round(server_round), proxy.cid)
                 continue
             self._sampled.add(pid)
             arrays = self.layout.unflatten(self.theta_hat[pid])
@@ -315,6 +316,11 @@ class FEDORA(PFLStrategy):
         if self.layout is None:
             return super().expected_shapes(server_round)
         return [tuple(s) for s in self.layout.shapes]
+
+    def expected_dtypes(self, server_round: int) -> list[np.dtype | None]:
+        if self.layout is None:
+            return super().expected_dtypes(server_round)
+        return [np.dtype(d) for d in self.layout.dtypes]
 
     def check_reply(self, server_round: int, proxy: ClientProxy, res: Any) -> ClientReply:
         reply = super().check_reply(server_round, proxy, res)
@@ -389,7 +395,7 @@ class FEDORA(PFLStrategy):
         return out
 
     def aggregate_evaluate(self, server_round: int, results: list, failures: list) -> tuple[float | None, dict[str, Scalar]]:
-        self._current_round = self.round_offset + server_round
+        self._current_round = self.run_round(server_round)
         return super().aggregate_evaluate(server_round, results, failures)
 
     # ---------------------------------------------------------------- new clients (Algorithm 2)

@@ -111,6 +111,10 @@ class FedPAC(PFLStrategy):
                               f"got {len(shapes)} arrays")
         return [*shapes, shapes[-2], (1,)]
 
+    def expected_dtypes(self, server_round: int) -> list[np.dtype | None]:
+        """The global arrays' dtypes, then any real dtype for the class means and the variance."""
+        return [*super().expected_dtypes(server_round), None, None]
+
     def check_reply(self, server_round: int, proxy: ClientProxy, res: FitRes) -> ClientReply:
         """The base checks, then the head count, non-negative class counts and variance."""
         reply = super().check_reply(server_round, proxy, res)

@@ -214,7 +214,7 @@ class FedFMTL(PFLStrategy):
     # ---------------------------------------------------------------- schedule and instructions
     def phase(self, server_round: int) -> int:
         """1 (FedAvg) for global rounds <= t1_rounds, else 2 (heads only)."""
-        return 1 if self.round_offset + server_round <= self.t1_rounds else 2
+        return 1 if self.run_round(server_round) <= self.t1_rounds else 2
 
     def _ensure_head_map(self) -> HeadMap:
         shapes = [tuple(a.shape) for a in (self.global_arrays or [])]
@@ -261,15 +261,27 @@ class FedFMTL(PFLStrategy):
             shapes = [shapes[j] for j in head_map.head_array_indices()]
         return shapes + [(head_map.num_tasks,)]
 
+    def expected_dtypes(self, server_round: int) -> list[np.dtype | None]:
+        """The dtypes of :meth:`expected_shapes`' model arrays, then any real dtype for the task counts."""
+        dtypes: list[np.dtype | None] = [np.asarray(a).dtype for a in (self.global_arrays or [])]
+        if self.phase(server_round) == 2 and self.upload == "head_only":
+            dtypes = [dtypes[j] for j in self._ensure_head_map().head_array_indices()]
+        return dtypes + [None]
+
     def check_reply(self, server_round: int, proxy: ClientProxy, res: FitRes) -> FMTLReply:
-        partition_id = int(res.metrics.get("partition_id", -1))
+        partition_id = self.check_partition(proxy.cid, res.metrics.get("partition_id", -1))
         who = f"{proxy.cid} (partition {partition_id})"
         arrays = decode_arrays(res.parameters)
         n_stats = res.metrics.get("n_stats_arrays", 0)
         if not isinstance(n_stats, int) or isinstance(n_stats, bool) or n_stats not in (0, 3, 4) or n_stats > len(arrays):
             raise ReplyError(f"client {who}: n_stats_arrays={n_stats!r}; must be 0, 3 or 4")
         model_part, stats_part = arrays[: len(arrays) - n_stats], arrays[len(arrays) - n_stats:]
-        check_arrays(who, model_part, self.expected_shapes(server_round), res.num_examples)
+        check_arrays(who, model_part, self.expected_shapes(server_round), res.num_examples,
+                     self.expected_dtypes(server_round))
+        for i, array in enumerate(stats_part):
+            if array.dtype.kind not in "fiu" or (array.dtype.kind == "f" and not np.all(np.isfinite(array))):
+                raise ReplyError(f"client {who}: feature statistics array {i} is {array.dtype} with non-finite or "
+                                 "non-real values; statistics are finite real numbers")
         counts = model_part[-1]
         if not np.issubdtype(counts.dtype, np.integer) or np.any(counts < 0):
             raise ReplyError(f"client {who}: task counts must be non-negative integers, got {counts!r}")
@@ -376,7 +388,7 @@ class FedFMTL(PFLStrategy):
     def _record_weights(self, server_round: int, replies: list[FMTLReply], weights: HeadAggregationWeights) -> None:
         holders = weights.holder_count
         entry = {
-            "round": self.round_offset + server_round,
+            "round": self.run_round(server_round),
             "participants": [r.partition_id for r in replies],
             "beta": weights.client.tolist(),
             "anchor": weights.anchor.tolist(),

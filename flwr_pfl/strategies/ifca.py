@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from flwr.common import FitIns, FitRes, Parameters
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
@@ -127,6 +128,10 @@ class IFCA(PFLStrategy):
     def expected_shapes(self, server_round: int) -> list[tuple[int, ...]]:
         """One model's shapes: the first M global arrays."""
         return super().expected_shapes(server_round)[: self._reply_arrays]
+
+    def expected_dtypes(self, server_round: int) -> list[np.dtype | None]:
+        """One model's dtypes: those of the first M global arrays."""
+        return super().expected_dtypes(server_round)[: self._reply_arrays]
 
     def check_reply(self, server_round: int, proxy: ClientProxy, res: FitRes) -> ClientReply:
         """The base checks against one model's shapes, and ``ifca_cluster`` in [0, k)."""

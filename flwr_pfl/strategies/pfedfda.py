@@ -150,7 +150,7 @@ class PFedFDA(PFLStrategy):
             if not clients:
                 raise RuntimeError(f"train_clients={self.train_clients} leaves no client with a known partition id to train")
         last = self.full_last_round and self.is_last_round(server_round)
-        rng = sampling_rng(self.seed, "fit", self.round_offset + server_round)
+        rng = sampling_rng(self.seed, "fit", self.run_round(server_round))
         if self.sampling == "bernoulli":
             chosen = bernoulli_participation(len(clients), self.fraction_fit, rng, full=last)
         elif last:
@@ -159,7 +159,8 @@ class PFedFDA(PFLStrategy):
             size = max(int(len(clients) * self.fraction_fit), self.min_fit_clients, 1)
             chosen = sample_indices(len(clients), size, rng)
         selected = [clients[i] for i in chosen]
-        log(INFO, "round %d: %d of %d clients sampled%s", server_round, len(selected), len(clients), " (last round: all)" if last else "")
+        self.record_sample("fit", selected)
+        log(INFO, "round %d: %d of %d clients sampled%s", self.run_round(server_round), len(selected), len(clients), " (last round: all)" if last else "")
         return self.fit_instructions(server_round, parameters, selected)
 
     def evaluation_clients(self, server_round: int, client_manager: ClientManager) -> list[ClientProxy]:
@@ -211,7 +212,7 @@ class PFedFDA(PFLStrategy):
         log(WARNING, "round %d: the global class means are %.3g feature standard deviations apart (a collapse "
             "below %g): the backbone's features no longer separate the classes, the LDA head passes no gradient "
             "back to them, and accuracy will stay at what the label prior predicts. Usual cause: too large a "
-            "learning rate; rerun with a smaller learning-rate.", server_round, separation, COLLAPSED_SEPARATION)
+            "learning rate; rerun with a smaller learning-rate.", self.run_round(server_round), separation, COLLAPSED_SEPARATION)
 
     def aggregate_fit(
         self,

@@ -26,22 +26,42 @@ class ClientReply:
     metrics: dict[str, Scalar]
 
 
+#: what an array of a reply may hold: real floating-point numbers, integers or booleans (numpy's
+#: dtype kinds); complex numbers, strings and Python objects are refused
+REAL_KINDS = "fiub"
+
+
 def check_arrays(
     who: str,
     arrays: Sequence[np.ndarray],
     expected_shapes: Sequence[tuple[int, ...]],
     num_examples: int,
+    expected_dtypes: Sequence[np.dtype | None] | None = None,
 ) -> None:
-    """Raise ReplyError if the reply has a non-positive example count, the wrong number or shapes
-    of arrays, or any NaN/Inf value; the message names the client and the first problem."""
+    """Raise ReplyError if the reply has a non-positive example count, the wrong number, shapes
+    or dtypes of arrays, or any NaN/Inf value; the message names the client and the first
+    problem.
+
+    Every array must hold real numbers (:data:`REAL_KINDS`). ``expected_dtypes`` (one per
+    expected array, None where any real dtype will do) pins the dtype: a float64 reply where
+    the model is float32 would otherwise turn the global model into float64, and values cast
+    back to float32 can overflow to Inf after the checks."""
     if num_examples <= 0:
         raise ReplyError(f"client {who}: reported {num_examples} examples; must be > 0")
     if len(arrays) != len(expected_shapes):
         raise ReplyError(f"client {who}: sent {len(arrays)} arrays, expected {len(expected_shapes)}")
+    if expected_dtypes is not None and len(expected_dtypes) != len(expected_shapes):
+        raise ValueError(f"{len(expected_dtypes)} expected dtypes for {len(expected_shapes)} expected shapes")
     for i, (array, shape) in enumerate(zip(arrays, expected_shapes)):
         if tuple(array.shape) != tuple(shape):
             raise ReplyError(f"client {who}: array {i} has shape {tuple(array.shape)}, expected {tuple(shape)}")
-        if np.issubdtype(array.dtype, np.floating) and not np.all(np.isfinite(array)):
+        if array.dtype.kind not in REAL_KINDS:
+            raise ReplyError(f"client {who}: array {i} is {array.dtype}; a reply holds real numbers only "
+                             "(floating point, integer or boolean)")
+        wanted = expected_dtypes[i] if expected_dtypes is not None else None
+        if wanted is not None and array.dtype != np.dtype(wanted):
+            raise ReplyError(f"client {who}: array {i} is {array.dtype}, expected {np.dtype(wanted)}")
+        if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
             raise ReplyError(f"client {who}: array {i} contains NaN or Inf")
 
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from flwr_pfl.app import compare as compare_module
@@ -22,12 +23,13 @@ from flwr_pfl.app.results import (
     RunFailed,
     divergence,
     judge_run,
+    lost_training_replies,
     read_status,
     rounds_without_training,
 )
 from flwr_pfl.app.server_app import app as server_app
 from flwr_pfl.clients import FedAvgClient
-from flwr_pfl.errors import ConfigError
+from flwr_pfl.errors import ConfigError, DivergedError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,6 +80,16 @@ def test_rounds_without_training_are_those_that_lost_every_reply():
     ]
     assert rounds_without_training(rows) == [2, 5, 7]
     assert rounds_without_training([fit_row(1, 3, 0), eval_row(1)]) == []
+
+
+def test_a_run_that_lost_most_training_replies_is_flagged_though_every_round_trained():
+    rows = [fit_row(r, accepted=1, failures=0, num_dropped=3.0) for r in (1, 2)] + [eval_row(2, 0.8)]
+    assert rounds_without_training(rows) == []
+    assert lost_training_replies(rows) == lost_training_replies(rows, 0.25)
+    assert lost_training_replies(rows).startswith("6 of 8 training replies (75 %) were lost")
+    healthy = [fit_row(r, accepted=3, failures=0, num_dropped=1.0 if r == 1 else 0.0) for r in (1, 2)] + [eval_row(2, 0.8)]
+    assert lost_training_replies(healthy) is None  # 1 of 7 (14 %)
+    assert lost_training_replies([eval_row(1, 0.8)]) is None
 
 
 def test_divergence_needs_a_blown_up_loss_and_final_metrics_at_chance():
@@ -140,15 +152,17 @@ def test_the_option_keeps_such_a_run_completed(tmp_path, blobs_dataset, broken_f
     out = tmp_path / "run"
     summary = (out / "summary.txt").read_text().splitlines()
     assert summary[0].startswith("flwr_pfl run: fedavg on test-blobs")  # as before the option existed
-    assert summary[-1].startswith("warning: rounds 2-3 (of 3) trained nothing") and "fail-on-no-training = false" in summary[-1]
+    assert summary[-2].startswith("warning: rounds 2-3 (of 3) trained nothing") and "fail-on-no-training = false" in summary[-2]
+    assert summary[-1].startswith("warning: 6 of 9 training replies (67 %) were lost")
     assert read_status(out)["status"] == "completed"
+    assert read_status(out)["lost_training_replies"] == summary[-1][len("warning: "):]
 
 
 def test_a_healthy_run_completes(tmp_path, blobs_dataset):
     run_inprocess(server_app, client_app, 3, config(tmp_path, blobs_dataset))
     status = read_status(tmp_path / "run")
     assert status == {"status": "completed", "problems": [], "stopped": None, "rounds_without_training": [],
-                      "divergence": None, "fail_on_no_training": True}
+                      "divergence": None, "fail_on_no_training": True, "lost_training_replies": None}
     assert (tmp_path / "run" / "summary.txt").read_text().startswith("flwr_pfl run: fedavg on test-blobs")
 
 
@@ -169,6 +183,26 @@ def test_a_run_stopped_by_an_error_records_status_failed(tmp_path, blobs_dataset
     assert status["status"] == "failed" and "out of memory" in status["stopped"]
     assert (tmp_path / "run" / "summary.txt").read_text().startswith(
         "FAILED: the run stopped after 1 round(s) on an error: ValueError: the server ran out of memory")
+
+
+def test_a_blown_up_aggregate_ends_the_run_failed_and_is_never_sent(tmp_path, blobs_dataset, monkeypatch):
+    """Every client sends 1e30s from round 2 on: no reply stands out (the screen compares replies
+    with each other), but the aggregate's norm jumps a billionfold, so the run ends with
+    DivergedError, recorded as failed, and the checkpoint keeps round 1's model."""
+    real_fit = FedAvgClient.fit
+
+    def fit(self, parameters, cfg):
+        arrays, n, metrics = real_fit(self, parameters, cfg)
+        return ([a * 1e30 for a in arrays] if int(cfg["server-round"]) >= 2 else arrays), n, metrics
+
+    monkeypatch.setattr(FedAvgClient, "fit", fit)
+    with pytest.raises(DivergedError, match="round 2: the aggregate of the accepted replies has norm"):
+        run_inprocess(server_app, client_app, 3, config(tmp_path, blobs_dataset))
+    status = read_status(tmp_path / "run")
+    assert status["status"] == "failed" and "DivergedError" in status["stopped"]
+    checkpoint = np.load(tmp_path / "run" / "checkpoint.npz")
+    assert int(checkpoint["rounds_done"]) == 1
+    assert max(float(np.abs(checkpoint[k]).max()) for k in checkpoint.files if k.startswith("global_")) < 1e3
 
 
 def test_the_key_is_a_boolean(tmp_path):

@@ -270,6 +270,8 @@ def _setup_behaviour(kind: str, victim: int):
                     raise RuntimeError("setup crashed")
                 if kind == "nan":
                     return [np.full((794, 1), np.nan, dtype=np.float32)], 1, {"partition_id": pid}
+                if kind == "complex":
+                    return [np.full((794, 1), 1j, dtype=np.complex64)], 1, {"partition_id": pid}
             return original(parameters, config)
 
         client.fit = fit
@@ -277,9 +279,9 @@ def _setup_behaviour(kind: str, victim: int):
     return hook
 
 
-@pytest.mark.parametrize("kind", ["skip", "raise", "nan"])
+@pytest.mark.parametrize("kind", ["skip", "raise", "nan", "complex"])
 def test_client_without_valid_setup_upload_trains_alone(tmp_path, kind):
-    """No upload, a crash or a NaN subspace: the client is isolated (theta_hat_k = theta_k) and
+    """No upload, a crash, a NaN or a complex subspace: the client is isolated (theta_hat_k = theta_k) and
     still trains and is evaluated; the others propagate as usual."""
     grid, clients, rows = small(tmp_path, f"setup-{kind}", client_app=hooked_app(_setup_behaviour(kind, 2)))
     ck = checkpoint(tmp_path, f"setup-{kind}")

@@ -78,7 +78,9 @@ def test_a_restarted_node_with_state_dir_continues_as_if_uninterrupted(tmp_path,
     assert grid.contexts[RESTARTED].state[RESTORED_KEY]["restores"] == 1
     assert all(RESTORED_KEY not in c.state for n, c in grid.contexts.items() if n != RESTARTED)
     files = sorted(p.name for p in (tmp_path / "state-restarted" / "restarted").iterdir())
-    assert files == [f"partition-{i}.state" for i in range(NUM_NODES)]
+    # each node's latest state and, versioned by round, the one before it (checkpoint-interval 1)
+    assert files == sorted([f"partition-{i}.state" for i in range(NUM_NODES)]
+                           + [f"partition-{i}.round-3.state" for i in range(NUM_NODES)])
 
 
 def test_without_state_dir_a_restart_loses_fedreps_personal_head(tmp_path, blobs_dataset):
@@ -91,3 +93,41 @@ def test_without_state_dir_a_restart_loses_fedreps_personal_head(tmp_path, blobs
     assert differing, "the restarted node's results equal the uninterrupted run's although its head was lost"
     rows = [r for r in restarted["metrics.json"] if r["round"] < 3]
     assert rows == [r for r in reference["metrics.json"] if r["round"] < 3]  # the same until the restart
+
+
+@pytest.mark.parametrize("algorithm", ["fedrep", "local", "fedora"])
+def test_a_resume_after_a_server_kill_mid_round_does_not_train_a_round_twice(tmp_path, blobs_dataset, monkeypatch,
+                                                                              algorithm):
+    """The server dies in round 3 after every node trained (and wrote its state) but before the
+    round was aggregated; the checkpoint is round 2's. The run resumed (a new Flower run, nodes
+    restarted with their state-dir) rolls each node back to its state after round 2, and ends
+    exactly as the uninterrupted run."""
+    from flwr_pfl.strategies.base import PFLStrategy
+
+    reference, _ = run(tmp_path, blobs_dataset, algorithm, "reference", restart=False, state_dir=False)
+    real = PFLStrategy.aggregate_fit
+    killed = []
+
+    def die_in_round_3(self, server_round, results, failures):
+        if self.round_offset + server_round == 3 and not killed:
+            killed.append(server_round)
+            raise KeyboardInterrupt("the server was killed")
+        return real(self, server_round, results, failures)
+
+    monkeypatch.setattr(PFLStrategy, "aggregate_fit", die_in_round_3)
+    cfg = config(tmp_path, blobs_dataset, algorithm, "killed")
+    state = str(tmp_path / "state-killed")
+    grid = InProcessGrid(client_app, NUM_NODES, cfg)
+    for context in grid.contexts.values():
+        context.node_config["state-dir"] = state
+    with pytest.raises(KeyboardInterrupt):
+        server_app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=dict(cfg)))
+    assert killed
+    resumed_cfg = cfg | {"resume": True}
+    grid = InProcessGrid(client_app, NUM_NODES, resumed_cfg, run_id=2)  # a new Flower run, restarted nodes
+    for context in grid.contexts.values():
+        context.node_config["state-dir"] = state
+    server_app(grid, Context(run_id=2, node_id=0, node_config={}, state=RecordDict(), run_config=dict(resumed_cfg)))
+    out = tmp_path / "killed"
+    resumed = {f: json.loads((out / f).read_text()) for f in ("metrics.json", "clients.json")}
+    assert resumed == reference

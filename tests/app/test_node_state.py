@@ -304,3 +304,192 @@ def test_another_runs_file_is_not_read_past_its_header(tmp_path, monkeypatch):
     saved(tmp_path, run_id=7)
     monkeypatch.setattr(node_state, "decode", lambda blob: pytest.fail("the body of another run's file was read"))
     assert not restore(node(tmp_path, run_id=8))
+
+
+# ------------------------------------------------------------------------------ versions by round
+def at_round(context: Context, server_round: int, value: float) -> None:
+    """A message of ``server_round`` that sets the node's state to ``value``."""
+    context.state[node_state.ROUND_KEY] = ConfigRecord({"round": server_round})
+    context.state["personal"] = ArrayRecord([np.full(3, value, np.float32)])
+    assert persist(context)
+
+
+def kept_rounds(tmp_path, partition=2) -> list[int]:
+    ident = identity(node(tmp_path, partition=partition))
+    return sorted(node_state.snapshots(tmp_path / "state", ident))
+
+
+def test_a_later_rounds_file_keeps_the_previous_rounds_and_prunes_what_no_resume_needs(tmp_path):
+    ctx = node(tmp_path, **{"checkpoint-interval": 2})
+    for r in (1, 2, 3, 4, 5):
+        at_round(ctx, r, float(r))
+    # latest 5, interval 2: rounds after 3 (4) and the newest at or before 3 (3); 1 and 2 pruned
+    assert kept_rounds(tmp_path) == [3, 4]
+    ident = identity(ctx)
+    header, state = decode(node_state.snapshot_path(tmp_path / "state", ident, 4).read_bytes())
+    assert header["round"] == 4 and state["personal"].to_numpy_ndarrays()[0].tolist() == [4.0] * 3
+    assert decode(state_path(tmp_path / "state", ident).read_bytes())[0]["round"] == 5
+    at_round(ctx, 5, 5.5)  # a second message of the same round replaces the file, keeps no version
+    assert kept_rounds(tmp_path) == [3, 4]
+
+
+def resumed_node(tmp_path) -> Context:
+    """A node of a resumed run (a new Flower run, resume=true), restored from the file."""
+    ctx = node(tmp_path, run_id=8, resume=True)
+    assert restore(ctx)
+    return ctx
+
+
+def test_a_resumed_node_ahead_of_the_run_rolls_back_to_the_round_before(tmp_path, caplog):
+    ctx = node(tmp_path)
+    for r in (1, 2, 3):
+        at_round(ctx, r, float(r))
+    ahead = resumed_node(tmp_path)
+    assert ahead.state[RESTORED_KEY]["file-round"] == 3 and ahead.state[RESTORED_KEY]["resumed"] == 1
+    with caplog.at_level(logging.WARNING):
+        assert node_state.roll_back(ahead, 3)
+    assert ahead.state["personal"].to_numpy_ndarrays()[0].tolist() == [2.0] * 3
+    assert "its state is from round 3, but this resumed run goes on with round 3: rolled back to its state after round 2" in caplog.text
+    assert not node_state.roll_back(ahead, 3)  # once
+    in_step = resumed_node(tmp_path)
+    assert not node_state.roll_back(in_step, 4)  # the run goes on with round 4: the file is not ahead
+    assert in_step.state["personal"].to_numpy_ndarrays()[0].tolist() == [3.0] * 3
+
+
+def test_a_node_restarted_within_its_run_continues_from_its_latest_file(tmp_path):
+    ctx = node(tmp_path)
+    for r in (1, 2):
+        at_round(ctx, r, float(r))
+    again = node(tmp_path)  # the same Flower run
+    assert restore(again) and again.state[RESTORED_KEY]["resumed"] == 0
+    assert not node_state.roll_back(again, 2)
+    assert again.state["personal"].to_numpy_ndarrays()[0].tolist() == [2.0] * 2 + [2.0]
+
+
+def test_with_no_earlier_round_kept_the_node_starts_afresh_and_a_damaged_one_is_refused(tmp_path, caplog):
+    ctx = node(tmp_path)
+    at_round(ctx, 1, 1.0)
+    first = resumed_node(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        assert node_state.roll_back(first, 1)
+    assert len(first.state) == 0 and "no state of an earlier round is kept: it starts afresh" in caplog.text
+    for r in (2, 3):
+        at_round(ctx, r, float(r))
+    ident = identity(ctx)
+    damaged = node_state.snapshot_path(tmp_path / "state", ident, 2)
+    damaged.write_bytes(damaged.read_bytes()[:-3])
+    ahead = resumed_node(tmp_path)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert node_state.roll_back(ahead, 3)
+    assert "refused the node state file" in caplog.text and len(ahead.state) == 0  # round 1 was pruned
+
+
+def test_the_round_header_is_checked(tmp_path):
+    ctx = node(tmp_path)
+    at_round(ctx, 4, 1.0)
+    blob = state_path(tmp_path / "state", identity(ctx)).read_bytes()
+    assert decode(blob)[0]["round"] == 4
+    untagged = node(tmp_path, partition=3)
+    untagged.state["personal"] = ArrayRecord([np.zeros(2, np.float32)])
+    persist(untagged)
+    assert decode(state_path(tmp_path / "state", identity(untagged)).read_bytes())[0]["round"] == -1
+    ident = identity(ctx)
+    for bad in ("4", -2, True):
+        forged = node_state.encode(ctx.state, ident).replace(b'"round": 4', f'"round": {json.dumps(bad)}'.encode())
+        body = forged.split(node_state.MAGIC, 1)[1]
+        with pytest.raises(StateFileError):
+            decode(node_state.MAGIC + body)
+
+
+def test_the_mod_notes_the_messages_round_and_rolls_back_only_with_a_state_dir(tmp_path):
+    from types import SimpleNamespace
+
+    def message(config: dict) -> SimpleNamespace:  # what the mod reads of a Message: its content
+        return SimpleNamespace(content=RecordDict({"fitins.config": ConfigRecord(config)}))
+
+    assert node_state.message_round(message({"server-round": 3, "lr": 0.1})) == 3
+    assert node_state.message_round(message({"lr": 0.1})) is None
+    assert node_state.message_round(message({"server-round": True})) is None
+    seen = []
+    without = node(tmp_path, state_dir=False)
+    node_state.rounds_mod(message({"server-round": 3}), without, lambda m, c: seen.append(dict(c.state)) or m)
+    assert seen == [{}]  # nothing noted in memory-only nodes
+    ctx = node(tmp_path)
+    for r in (1, 2, 3):
+        at_round(ctx, r, float(r))
+    ahead = resumed_node(tmp_path)
+    node_state.rounds_mod(message({"server-round": 3}), ahead, lambda m, c: m)
+    assert ahead.state["personal"].to_numpy_ndarrays()[0].tolist() == [2.0] * 3
+    assert ahead.state[node_state.ROUND_KEY]["round"] == 3
+
+
+# ------------------------------------------------------------------------------ signed files
+def keyed(tmp_path, key: bytes = b"k" * 32, **kwargs) -> Context:
+    ctx = node(tmp_path, **kwargs)
+    (tmp_path / "state.key").write_bytes(key + b"\n")
+    ctx.node_config["state-key-file"] = str(tmp_path / "state.key")
+    return ctx
+
+
+def test_a_node_with_a_key_signs_its_files_and_reads_them_back(tmp_path):
+    ctx = keyed(tmp_path)
+    ctx.state["personal"] = ArrayRecord([np.arange(3, dtype=np.float32)])
+    assert persist(ctx)
+    header, _ = decode(state_path(tmp_path / "state", identity(ctx)).read_bytes(), b"k" * 32)
+    assert len(header["hmac-sha256"]) == 64
+    again = keyed(tmp_path)
+    assert restore(again) and again.state["personal"].to_numpy_ndarrays()[0].tolist() == [0.0, 1.0, 2.0]
+
+
+def test_a_file_re_signed_with_fresh_digests_but_without_the_key_is_refused(tmp_path, caplog):
+    ctx = keyed(tmp_path)
+    ctx.state["personal"] = ArrayRecord([np.zeros(3, np.float32)])
+    persist(ctx)
+    path = state_path(tmp_path / "state", identity(ctx))
+    forged = RecordDict({"personal": ArrayRecord([np.full(3, 9.0, np.float32)])})
+    path.write_bytes(encode(forged, identity(ctx)))  # valid SHA-256 digests, no signature
+    with caplog.at_level(logging.WARNING):
+        assert not restore(keyed(tmp_path))
+    assert "not signed with this node's key (state-key-file)" in caplog.text
+    wrong = node(tmp_path)
+    wrong.state["personal"] = ArrayRecord([np.zeros(3, np.float32)])
+    path.write_bytes(encode(wrong.state, identity(wrong), key=b"another key of 32 bytes........"))
+    assert not restore(keyed(tmp_path))
+    unsigned_reader = node(tmp_path)  # without a key, signed files are read (nothing to check them with)
+    path.write_bytes(encode(wrong.state, identity(wrong), key=b"k" * 32))
+    assert restore(unsigned_reader)
+
+
+def test_setting_a_key_later_rewrites_the_unchanged_state_signed(tmp_path):
+    plain = node(tmp_path)
+    plain.state["personal"] = ArrayRecord([np.zeros(3, np.float32)])
+    assert persist(plain) and not persist(plain)
+    signed = keyed(tmp_path)
+    signed.state["personal"] = ArrayRecord([np.zeros(3, np.float32)])
+    assert persist(signed)
+    assert "hmac-sha256" in node_state.read_header(state_path(tmp_path / "state", identity(signed)))
+
+
+@pytest.mark.parametrize("content, message", [(b"short", "has 5 bytes; use at least 16"), (None, "cannot read the key file")])
+def test_a_short_or_missing_key_is_a_config_error(tmp_path, content, message):
+    ctx = node(tmp_path)
+    if content is not None:
+        (tmp_path / "k").write_bytes(content)
+    ctx.node_config["state-key-file"] = str(tmp_path / "k")
+    ctx.state["personal"] = ArrayRecord([np.zeros(3, np.float32)])
+    with pytest.raises(ConfigError, match=message):
+        persist(ctx)
+
+
+def test_read_key_takes_sixteen_bytes_and_names_the_setting_when_it_is_no_path(tmp_path):
+    from flwr_pfl.app.signing import read_key
+
+    (tmp_path / "k16").write_bytes(b"0123456789abcdef\n")
+    assert read_key(str(tmp_path / "k16"), "x") == b"0123456789abcdef"  # exactly the least length
+    (tmp_path / "k15").write_bytes(b"0123456789abcde")
+    with pytest.raises(ConfigError, match="has 15 bytes; use at least 16"):
+        read_key(str(tmp_path / "k15"), "x")
+    assert read_key("", "x") is None and read_key(None, "x") is None
+    with pytest.raises(ConfigError, match="^node config state-key-file=5 must be the path of a key file"):
+        read_key(5, "node config state-key-file")

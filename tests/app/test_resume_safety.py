@@ -159,9 +159,9 @@ def test_checkpoints_follow_the_interval_and_the_last_round(tmp_path, blobs_data
     written = []
     real = checkpoint_module.write_checkpoint
 
-    def record(directory, rounds_done, *args):
+    def record(directory, rounds_done, *args, **kwargs):
         written.append(rounds_done)
-        return real(directory, rounds_done, *args)
+        return real(directory, rounds_done, *args, **kwargs)
 
     monkeypatch.setattr("flwr_pfl.app.results.write_checkpoint", record)
     run(config(tmp_path, blobs_dataset, **{"num-server-rounds": 5, "checkpoint-interval": 2}))
@@ -296,3 +296,59 @@ def test_a_checkpoint_from_before_a_new_run_key_resumes_while_the_key_is_at_its_
     assert changed_keys({"seed": 1, "noise-std": 0.5}, {"seed": 1}) == ["noise-std"]
     assert changed_keys({"seed": 1, "retired-key": 0}, {"seed": 2}) == ["retired-key", "seed"]
     assert changed_keys({"seed": 1, "resume": False}, {"seed": 1, "resume": True}, ignore={"resume"}) == []
+
+
+# ------------------------------------------------------------------------------ signed checkpoints
+KEY, OTHER = b"a server key of 32 bytes .......", b"another key of 32 bytes ........"
+
+
+def signed(tmp_path, key=KEY) -> Path:
+    state = {"global_arrays": [np.arange(4, dtype=np.float32)], "round_offset": 2, "partition_of": {"7": 1}}
+    return write_checkpoint(tmp_path, 2, {"algorithm": "fedavg"}, {"rows": 4}, state, key=key)
+
+
+def test_a_signed_checkpoint_is_read_with_its_key_and_refused_with_another_or_none(tmp_path):
+    path = signed(tmp_path)
+    assert read_checkpoint(path, KEY).rounds_done == 2
+    assert read_checkpoint(path).rounds_done == 2  # without a key nothing is checked
+    with pytest.raises(ConfigError, match="not signed with this server's key \\(checkpoint-key-file\\)"):
+        read_checkpoint(path, OTHER)
+    (tmp_path / "plain").mkdir()
+    unsigned = signed(tmp_path / "plain", key=None)
+    with pytest.raises(ConfigError, match="not signed with this server's key"):
+        read_checkpoint(unsigned, KEY)
+
+
+@pytest.mark.parametrize("entry", ["global_0", "rounds_done", "meta"])
+def test_an_altered_entry_of_a_signed_checkpoint_is_refused(tmp_path, entry):
+    path = signed(tmp_path)
+    with np.load(path, allow_pickle=False) as npz:
+        entries = {name: npz[name].copy() for name in npz.files}
+    if entry == "meta":
+        entries[entry] = np.frombuffer(entries[entry].tobytes().replace(b'"rows": 4', b'"rows": 5'), np.uint8)
+    else:
+        entries[entry] = entries[entry] + 1
+    with path.open("wb") as f:
+        np.savez(f, **entries)  # the signature entry kept as it was
+    read_checkpoint(path)  # well-formed: only the key tells
+    with pytest.raises(ConfigError, match="not signed with this server's key"):
+        read_checkpoint(path, KEY)
+
+
+def test_a_run_with_a_key_signs_its_checkpoints_and_its_resume_refuses_a_foreign_one(tmp_path, blobs_dataset):
+    (tmp_path / "server.key").write_bytes(KEY)
+    cfg = config(tmp_path, blobs_dataset, **{"num-server-rounds": 2, "checkpoint-key-file": str(tmp_path / "server.key")})
+    run(cfg)
+    path = tmp_path / "run" / CHECKPOINT_NAME
+    assert read_checkpoint(path, KEY).rounds_done == 2
+    ours = path.read_bytes()
+    foreign = read_checkpoint(path)
+    write_checkpoint(tmp_path / "run", foreign.rounds_done, foreign.config, foreign.results, foreign.state)  # unsigned
+    with pytest.raises(ConfigError, match="not signed with this server's key"):
+        run(cfg | {"resume": True, "num-server-rounds": 3})
+    path.write_bytes(ours)
+    run(cfg | {"resume": True, "num-server-rounds": 3})
+    assert read_checkpoint(path, KEY).rounds_done == 3
+    with pytest.raises(ConfigError, match="checkpoint-key-file: the key in .* has 3 bytes"):
+        (tmp_path / "short.key").write_bytes(b"abc")
+        run(cfg | {"run-name": "short", "checkpoint-key-file": str(tmp_path / "short.key")})

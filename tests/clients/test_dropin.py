@@ -11,9 +11,9 @@ import torch
 from flwr.app import Context, RecordDict
 from flwr.client import ClientApp
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
-from fakes import DictImages, QuickNet, image_tensors
+from fakes import DictImages, QuickNet, image_tensors, split_loaders
 from flwr_pfl.app.inprocess import run_inprocess
 from flwr_pfl.app.registry import ALGORITHMS
 from flwr_pfl.clients import LocalData, TrainConfig
@@ -49,13 +49,7 @@ def _sizes(pid: int) -> tuple[int, int]:
 def tuple_data(pid: int) -> LocalData:
     n, m = _sizes(pid)
     x, y, d = image_tensors(n + 2 * m, seed=100 + pid)
-    train, val, test = slice(0, n), slice(n, n + m), slice(n + m, None)
-    return LocalData(
-        train=DataLoader(TensorDataset(x[train], y[train], d[train]), batch_size=8, shuffle=True),
-        val=DataLoader(TensorDataset(x[val], y[val], d[val]), batch_size=16),
-        test=DataLoader(TensorDataset(x[test], y[test], d[test]), batch_size=16),
-        num_domains=2,
-    )
+    return split_loaders(x, y, d, n, m)
 
 
 def dict_data(pid: int, keys: tuple[str, str, str] = ("img", "label", "domain")) -> LocalData:

@@ -120,6 +120,56 @@ def test_two_clients_make_two_sgd_steps_with_gradients_at_the_rounds_phi():
     assert not np.allclose(gb_at_p1[1], gb[1])
 
 
+def test_the_mean_step_moves_phi_along_the_mean_gradient_and_each_embedding_row_along_its_own():
+    """server_round_mean: one SGD step (momentum and weight decay as a single step: the buffer is
+    g + wd p0), with g = (g_a + g_b) / 2 off the embedding table and g_a + g_b on it (rows 0 and 2
+    each get their own client's gradient; row 1 none)."""
+    lr, m, wd = 0.07, 0.6, 0.01
+    hnet = linear_hnet()
+    p0 = [p.detach().numpy().copy() for p in hnet.parameters()]
+    da, db = deltas(1), deltas(2)
+    ga, gb = hand_gradients(hnet, 0, da), hand_gradients(hnet, 2, db)
+    embedding = [i for i, p in enumerate(hnet.parameters()) if p is hnet.embeddings.weight]
+    assert len(embedding) == 1
+    norms = core.server_round_mean(hnet, core.server_optimizer(hnet, lr, m, wd), [(0, da), (2, db)], clip_norm=0)
+    for i, (got, p, a, b) in enumerate(zip(hnet.parameters(), p0, ga, gb)):
+        g = a + b if i in embedding else (a + b) / 2
+        np.testing.assert_allclose(got.detach().numpy(), p - lr * (g + wd * p), rtol=1e-12, atol=1e-13)
+    e = embedding[0]
+    np.testing.assert_allclose(ga[e][2], 0.0) and np.testing.assert_allclose(gb[e][0], 0.0)  # rows apart
+    assert norms == pytest.approx([np.sqrt(sum((g ** 2).sum() for g in ga)), np.sqrt(sum((g ** 2).sum() for g in gb))])
+
+
+def test_with_one_client_the_mean_step_is_the_per_client_step():
+    one, other = linear_hnet(), linear_hnet()
+    core.server_round_mean(one, core.server_optimizer(one, 0.05, 0.9, 1e-3), [(1, deltas(4))])
+    core.server_round(other, core.server_optimizer(other, 0.05, 0.9, 1e-3), [(1, deltas(4))])
+    for a, b in zip(one.parameters(), other.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_the_mean_steps_size_does_not_grow_with_the_clients_of_a_round():
+    """The same change from every client: K per-client momentum steps move phi's shared tensors
+    about K times as far; the mean step as far as one client's step."""
+    moves = {}
+    for step in (core.server_round, core.server_round_mean):
+        for k in (1, 3):
+            hnet = linear_hnet()
+            before = [p.detach().clone() for p in hnet.parameters()]
+            step(hnet, core.server_optimizer(hnet, 0.05, 0.9, 0.0), [(c, deltas(5)) for c in range(k)], clip_norm=0)
+            shared = [i for i, p in enumerate(hnet.parameters()) if p is not hnet.embeddings.weight]
+            moves[step.__name__, k] = float(sum((list(hnet.parameters())[i] - before[i]).norm() ** 2 for i in shared) ** 0.5)
+    assert moves["server_round_mean", 3] / moves["server_round_mean", 1] < 1.5
+    assert moves["server_round", 3] / moves["server_round", 1] > 2.5
+
+
+def test_the_mean_step_refuses_two_updates_of_one_client():
+    hnet = linear_hnet()
+    with pytest.raises(ValueError, match="one update per client and round; got clients \\[1, 1\\]"):
+        core.server_round_mean(hnet, core.server_optimizer(hnet), [(1, deltas(1)), (1, deltas(2))])
+    assert core.server_round_mean(hnet, core.server_optimizer(hnet), []) == []
+
+
 def test_the_total_gradient_norm_is_clipped_before_the_step():
     lr, clip = 0.1, 0.5
     hnet = linear_hnet()

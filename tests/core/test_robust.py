@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
-from flwr_pfl.core.robust import clip_update, trimmed_mean, update_norm
+from flwr_pfl.core.robust import (
+    aggregate_blowup,
+    clip_update,
+    magnitude_outliers,
+    reply_norm,
+    trimmed_mean,
+    update_norm,
+    upper_median,
+)
 
 
 def test_clipping_caps_the_norm_and_keeps_the_direction():
@@ -85,3 +95,69 @@ def test_trimmed_mean_of_float32_arrays_is_computed_in_float64_and_returned_as_f
 def test_trimmed_mean_refuses_another_layout_naming_the_client(second):
     with pytest.raises(ValueError, match="^client 1's arrays do not match client 0's layout$"):
         trimmed_mean([[np.zeros(2)], second], 0.0)
+
+
+def test_upper_median_is_the_larger_middle_value():
+    assert upper_median([3.0, 1.0, 2.0]) == 2.0
+    assert upper_median([4.0, 1.0, 3.0, 2.0]) == 3.0  # even count: the larger of 2 and 3
+    assert upper_median([7.0]) == 7.0
+    with pytest.raises(ValueError, match="no values"):
+        upper_median([])
+
+
+def test_magnitude_outliers_compare_with_the_upper_median_or_the_given_reference():
+    # reference = upper median 2.0; limit 10 x 2 = 20: 20 is kept, 20.5 and inf are not
+    assert magnitude_outliers([1.0, 2.0, 20.0, 20.5, math.inf, 1.5], 10.0) == [3, 4]
+    # fewer than three finite norms: the given reference, else none but the non-finite
+    assert magnitude_outliers([1.0, 50.0], 10.0, reference=2.0) == [1]
+    assert magnitude_outliers([1.0, 1e30], 10.0) == []
+    assert magnitude_outliers([1.0, math.nan], 10.0) == [1]
+    # a zero reference (most replies all zeros) compares with nothing
+    assert magnitude_outliers([0.0, 0.0, 0.0, 5.0], 10.0) == []
+    # one huge reply of three cannot raise the reference
+    assert magnitude_outliers([1.0, 1.2, 1e30], 1000.0) == [2]
+    with pytest.raises(ValueError, match="ratio must be > 1"):
+        magnitude_outliers([1.0], 1.0)
+
+
+def test_aggregate_blowup_names_non_finite_values_and_growth_beyond_the_factor():
+    previous = [np.full(4, 1.0), np.arange(3)]  # norm 2 (the integer array does not count)
+    assert aggregate_blowup([np.full(4, 1.0)], previous, 10.0) is None
+    assert aggregate_blowup([np.full(4, 9.99)], previous, 10.0) is None  # norm 19.98 <= 20
+    assert "norm 20.2" in aggregate_blowup([np.full(4, 10.1)], previous, 10.0)
+    assert aggregate_blowup([np.array([1.0, np.nan, np.inf])], previous, 10.0) == "2 NaN/Inf value(s)"
+    # a model that starts at zero may grow to entries of the factor's magnitude (the previous
+    # norm is floored at sqrt(P) = 2: the limit is 20)
+    assert aggregate_blowup([np.full(4, 9.9)], [np.zeros(4)], 10.0) is None
+    assert "more than 10 x the previous round's 2" in aggregate_blowup([np.full(4, 10.1)], [np.zeros(4)], 10.0)
+    assert aggregate_blowup([np.full(4, 10.1)], None, 10.0) is not None
+
+
+def test_reply_norm_of_float32_values_near_their_maximum_does_not_warn_and_is_finite():
+    assert reply_norm([np.full(3, 3e38, np.float32), np.arange(2)]) == pytest.approx(3e38 * math.sqrt(3), rel=1e-6)
+
+
+def test_aggregate_blowup_at_its_edges():
+    """The limit is growth x max(||previous||, sqrt(P)), P the floating-point values only."""
+    grown = [np.full(4, 40.0, np.float32)]  # norm 80
+    assert aggregate_blowup(grown, [np.full(4, 5.0)], 10.0) is None  # previous norm 10 > sqrt(4): limit 100
+    assert aggregate_blowup([np.full(4, 10.0)], [np.full(4, 1.0)], 10.0) is None  # exactly at the limit 20
+    assert aggregate_blowup([np.full(4, 9.9, np.float32)], [np.zeros(4, np.float32)], 10.0) is None  # float32 counts
+    # integer arrays are no part of P: 104 values would allow a norm of 102
+    assert aggregate_blowup([np.full(4, 10.1), np.zeros(100, np.int64)], [np.zeros(4)], 10.0) is not None
+    assert aggregate_blowup([np.array([10.5])], None, 10.0) is not None  # one value: floor sqrt(1) = 1
+    assert aggregate_blowup([np.array([1.0, np.nan], np.float32)], None, 10.0) == "1 NaN/Inf value(s)"
+
+
+def test_a_ratio_just_above_one_is_allowed_and_messages_are_exact():
+    assert magnitude_outliers([1.0, 1.0, 1.0, 1.6], 1.5) == [3]
+    with pytest.raises(ValueError, match="^the upper median of no values is undefined$"):
+        upper_median([])
+
+
+def test_reply_norm_overflows_to_inf_without_a_warning():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert reply_norm([np.full(2, 1e200)]) == math.inf

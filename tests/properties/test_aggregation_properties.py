@@ -179,10 +179,12 @@ AGGREGATES = ("mean", "trimmed-mean", "clip")
 
 
 def strategy_for(mode: str, global_arrays: list[np.ndarray], num_clients: int) -> FedAvg:
-    """A FedAvg that aggregates with ``mode`` and holds ``global_arrays`` as the round's."""
+    """A FedAvg that aggregates with ``mode`` and holds ``global_arrays`` as the round's. The
+    outlier screen is off: the replies drawn here are arbitrary arrays, not one federation's
+    models, and may differ by any factor (the screen has its own tests)."""
     kwargs = {"mean": {}, "trimmed-mean": {"aggregate": "trimmed-mean", "trim_fraction": 0.2},
               "clip": {"clip_update_norm": 0.5}}[mode]
-    strategy = FedAvg(num_clients=num_clients, seed=0, **kwargs)
+    strategy = FedAvg(num_clients=num_clients, seed=0, outlier_norm_ratio=None, **kwargs)
     strategy.global_arrays = [a.copy() for a in global_arrays]
     return strategy
 

@@ -28,9 +28,8 @@ from flwr.client import ClientApp
 from flwr.common import parameters_to_ndarrays
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
-from fakes import BatchNormDropoutNet, MiddleHeadNet
+from fakes import BatchNormDropoutNet, MiddleHeadNet, split_loaders
 from flwr_pfl.app.inprocess import run_inprocess
 from flwr_pfl.app.registry import ALGORITHMS
 from flwr_pfl.clients import LocalData, TrainConfig
@@ -134,13 +133,7 @@ def local_data(pid: int) -> LocalData:
     y = torch.arange(total) % 3
     d = torch.arange(total) % 2
     x = torch.randn(total, 6, generator=g) + y[:, None].float() + 0.5 * pid
-    train, val, test = slice(0, n), slice(n, n + TEST_SIZE), slice(n + TEST_SIZE, None)
-    return LocalData(
-        train=DataLoader(TensorDataset(x[train], y[train], d[train]), batch_size=8, shuffle=True),
-        val=DataLoader(TensorDataset(x[val], y[val], d[val]), batch_size=16),
-        test=DataLoader(TensorDataset(x[test], y[test], d[test]), batch_size=16),
-        num_domains=2,
-    )
+    return split_loaders(x, y, d, n, TEST_SIZE)
 
 
 def train_config() -> TrainConfig:

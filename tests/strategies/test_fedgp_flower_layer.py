@@ -344,7 +344,10 @@ def test_target_placement_forwards_the_sources_and_maps_their_statistics_back():
     params = ndarrays_to_parameters(GLOBAL)
     up = source_uploads()
     strategy.fit_instructions(1, params, [FakeProxy(f"c{p}") for p in (0, 1, 2, 3)])
-    strategy.aggregate_fit(1, replies(warmup=True), [])  # warm-up: the server learns who the target is
+    warmup = replies(warmup=True)
+    for proxy, res in warmup[: len(SOURCES)]:  # each node keeps its partition id for the whole run
+        res.metrics["partition_id"] = pids[int(proxy.cid[1:])]
+    strategy.aggregate_fit(1, warmup, [])  # warm-up: the server learns who the target is
     strategy.global_arrays = [a.copy() for a in GLOBAL]
     strategy.fit_instructions(2, params, [FakeProxy(f"c{p}") for p in SOURCES])
     results = []
@@ -367,7 +370,7 @@ def test_target_placement_forwards_the_sources_and_maps_their_statistics_back():
     recorded = {}
     strategy.on_round = lambda r, phase, metrics, clients: recorded.update(metrics) if phase == "fit" else None
     new_global = arrays_of(55)
-    target_metrics = {"partition_id": 7, "is_target": 1, "num_steps": 4, "lr": 0.02}
+    target_metrics = {"partition_id": TARGET[0], "is_target": 1, "num_steps": 4, "lr": 0.02}
     target_metrics |= {f"fda.beta_s{j}": 0.1 * (j + 1) for j in range(3)}
     res = fit_res(new_global, N_TARGET, metrics=target_metrics)
     strategy.aggregate_fit(3, [(FakeProxy("c3"), res)], [])

@@ -246,7 +246,7 @@ def test_client_holding_no_task_is_rejected_in_phase_2(tmp_path, blobs_dataset) 
     fits = _rows(tmp_path)
     assert [r["num_rejected"] for r in fits] == [0.0, 0.0, 3.0, 3.0]  # phase 1 is plain FedAvg
     # and the reason is named
-    strategy = FedFMTL(num_clients=1, t1_rounds=0, min_count=5, initial_arrays=[np.zeros((2, 3)), np.zeros((4, 2)), np.zeros(4)])
+    strategy = FedFMTL(num_clients=4, t1_rounds=0, min_count=5, initial_arrays=[np.zeros((2, 3)), np.zeros((4, 2)), np.zeros(4)])
     proxy = FakeProxy("7")
     res = fit_res([np.zeros((4, 2)), np.zeros(4), np.array([1, 2, 0, 1])], 4, 3)
     with pytest.raises(Exception, match="hold.*no task"):

@@ -45,7 +45,7 @@ PARAMS = ["fc.weight", "fc.bias", "bn.weight", "bn.bias", "head.weight", "head.b
 BUFFERS = ["bn.running_mean", "bn.running_var", "bn.num_batches_tracked"]
 #: the server's non-default options
 HN = {"embed_dim": 3, "hidden_dim": 6, "n_hidden": 1, "server_lr": 0.05, "server_momentum": 0.5,
-      "server_weight_decay": 0.01, "server_clip_norm": 0.8}
+      "server_weight_decay": 0.01, "server_clip_norm": 0.8, "round_step": "mean"}
 NUM_CLIENTS, SEED = 4, 3
 
 
@@ -242,10 +242,12 @@ def proxies(n: int = NUM_CLIENTS) -> list[FakeProxy]:
 
 
 def hand_round(hnet: nn.Module, momentum: list[torch.Tensor] | None, replies: dict[int, list[np.ndarray]],
-               lr: float = 0.05, m: float = 0.5, wd: float = 0.01, clip: float = 0.8) -> list[torch.Tensor]:
+               lr: float = 0.05, m: float = 0.5, wd: float = 0.01, clip: float = 0.8,
+               round_step: str = "mean") -> list[torch.Tensor]:
     """The server's round by hand: gradients of <h(v_i; phi), theta_i - theta~_i> at the round's
-    phi by backward(), then per partition (ascending) clipping and SGD written out. Returns the
-    momentum; ``hnet`` is updated in place."""
+    phi by backward(); then ``per-client``: per partition (ascending) clipping and SGD written
+    out, or ``mean``: one clipped SGD step along the mean gradient off the embedding table and
+    the sum on it (each row its own client's). Returns the momentum; ``hnet`` is updated in place."""
     params = list(hnet.parameters())
     grads = []
     for pid in sorted(replies):
@@ -254,6 +256,9 @@ def hand_round(hnet: nn.Module, momentum: list[torch.Tensor] | None, replies: di
         delta = [t.detach() - torch.tensor(a) for t, a in zip(theta, replies[pid])]
         sum((t * d).sum() for t, d in zip(theta, delta)).backward()
         grads.append([p.grad.clone() for p in params])
+    if round_step == "mean":
+        grads = [[sum(g[k] for g in grads) / (1 if p is hnet.embeddings.weight else len(grads))
+                  for k, p in enumerate(params)]]
     for g in grads:
         norm = torch.sqrt(sum((x.double() ** 2).sum() for x in g)).float()
         if clip:
@@ -291,7 +296,7 @@ def test_each_client_is_sent_the_model_of_its_own_embedding():
 
 
 def test_the_round_steps_phi_by_the_chain_rule_once_per_client_in_partition_order_not_by_example_counts():
-    s = strategy()
+    s = strategy(round_step="per-client")
     sent = round_one(s)
     replies = {pid: trained(sent[pid], pid) for pid in (2, 0, 1)}  # client 3 sampled but silent
     order = [2, 0, 1]
@@ -301,11 +306,11 @@ def test_the_round_steps_phi_by_the_chain_rule_once_per_client_in_partition_orde
     assert metrics["num_rejected"] == 0 and metrics["delta_norm_mean"] > 0 and metrics["hn_grad_norm_mean"] > 0.8
     close(parameters_to_ndarrays(params), param_arrays(0), atol=0)  # no global model: the initial arrays stay
     ref = reference_hnet()
-    hand_round(ref, None, replies)
+    hand_round(ref, None, replies, round_step="per-client")
     for got, expected in zip(s.hnet.parameters(), ref.parameters()):
         np.testing.assert_allclose(got.detach().numpy(), expected.detach().numpy(), rtol=2e-5, atol=2e-7)
     # the example counts do not weigh: every reply makes one step
-    other = strategy()
+    other = strategy(round_step="per-client")
     round_one(other)
     other.aggregate_fit(1, [(FakeProxy(str(100 + 7 * pid), pid), fit_res(replies[pid], 1, pid)) for pid in (0, 1, 2)], [])
     assert all(torch.equal(a, b) for a, b in zip(s.hnet.parameters(), other.hnet.parameters()))
@@ -384,6 +389,12 @@ def test_bad_replies_are_rejected_and_the_round_goes_on_with_the_others():
     _, metrics = s2.aggregate_fit(1, [(FakeProxy("100", 0), fit_res(trained(sent2[1], 1), 4, 1))], [])
     assert metrics["num_rejected"] == 1 and s2.partition_of["100"] == 0  # the lie taught the server nothing
     assert all(torch.equal(a, b) for a, b in zip(s2.hnet.parameters(), reference_hnet().parameters()))
+    # and one reporting none: the base takes it for a client of unknown partition, pFedHN cannot
+    silent = fit_res(trained(sent2[0], 0), 4, 0)
+    del silent.metrics["partition_id"]
+    _, metrics = s2.aggregate_fit(1, [(FakeProxy("100", 0), silent)], [])
+    assert metrics["num_rejected"] == 1
+    assert all(torch.equal(a, b) for a, b in zip(s2.hnet.parameters(), reference_hnet().parameters()))
     failed = FitRes(Status(Code.FIT_NOT_IMPLEMENTED, "x"), ndarrays_to_parameters([]), 0, {})
     assert s2.aggregate_fit(1, [], [(FakeProxy("107", 1), failed)])[1]["num_failures"] == 1
 
@@ -408,6 +419,23 @@ class FreshClientProxy(FakeProxy):
         loss, n, metrics = client(self.pid, self.ctx, seed=60 + group_id).evaluate(received, dict(ins.config))
         self.evaluated.append((received, loss))
         return EvaluateRes(Status(Code.OK, ""), loss, n, metrics)
+
+
+def test_round_step_mean_makes_one_step_along_the_mean_gradient_not_weighted_by_example_counts():
+    results = {}
+    for sizes in (SIZES, (1, 1, 1, 1)):
+        s = strategy()
+        sent = round_one(s)
+        replies = {pid: trained(sent[pid], pid) for pid in (2, 0, 1)}
+        s.aggregate_fit(1, [(FakeProxy(str(100 + 7 * pid), pid), fit_res(replies[pid], sizes[pid], pid)) for pid in (2, 0, 1)], [])
+        results[sizes] = [p.detach().numpy().copy() for p in s.hnet.parameters()]
+    ref = reference_hnet()
+    hand_round(ref, None, replies)
+    for got, expected in zip(results[SIZES], ref.parameters()):
+        np.testing.assert_allclose(got, expected.detach().numpy(), rtol=2e-5, atol=2e-7)
+    assert all(np.array_equal(a, b) for a, b in zip(results[SIZES], results[(1, 1, 1, 1)]))
+    with pytest.raises(ConfigError, match="pfedhn.round-step"):
+        strategy(round_step="sum")
 
 
 def test_two_rounds_through_fresh_client_objects_train_the_hypernetwork_and_evaluate_its_models():
@@ -464,16 +492,19 @@ def test_the_run_config_keys_reach_the_client_and_the_strategy_and_bad_values_na
     assert (defaults.embed_dim, defaults.hidden_dim, defaults.n_hidden, defaults.inner_steps) == (0, 100, 3, 50)
     assert (defaults.server_lr, defaults.server_momentum, defaults.server_weight_decay, defaults.server_clip_norm) == (
         0.01, 0.9, 0.001, 50.0)
+    assert defaults.round_step == "per-client" and PFedHN(num_clients=2).round_step == "per-client"
     experiment = parse_experiment({"algorithm": "pfedhn", "pfedhn.embed-dim": 3, "pfedhn.hidden-dim": 6,
                                    "pfedhn.n-hidden": 1, "pfedhn.server-lr": 0.05, "pfedhn.server-momentum": 0.5,
                                    "pfedhn.server-weight-decay": 0.01, "pfedhn.server-clip-norm": 0.8,
-                                   "pfedhn.inner-steps": 7})
+                                   "pfedhn.inner-steps": 7, "pfedhn.round-step": "mean"})
     assert spec.client_kwargs(experiment.options) == {"inner_steps": 7}
     assert spec.strategy_kwargs(experiment.options) == HN
     s = spec.strategy(num_clients=4, **spec.strategy_kwargs(experiment.options))
     assert (s.embed_dim, s.hidden_dim, s.n_hidden, s.server_lr, s.server_momentum, s.server_weight_decay,
             s.server_clip_norm) == (3, 6, 1, 0.05, 0.5, 0.01, 0.8)
     assert client(0, context(0), **spec.client_kwargs(experiment.options)).inner_steps == 7
+    with pytest.raises(ConfigError, match="pfedhn.round-step='sum' is not allowed; choose one of 'mean', 'per-client'"):
+        parse_experiment({"algorithm": "pfedhn", "pfedhn.round-step": "sum"})
     for key, value, allowed in (("embed-dim", -1, ">= 0"), ("inner-steps", -2, ">= 0"), ("server-weight-decay", -0.1, ">= 0")):
         with pytest.raises(ConfigError, match=f"pfedhn.{key} must be .*{allowed}"):
             parse_experiment({"algorithm": "pfedhn", f"pfedhn.{key}": value})

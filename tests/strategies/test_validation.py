@@ -78,3 +78,36 @@ def test_reply_error_is_a_value_error():
     with pytest.raises(ValueError) as err:
         check_arrays("c", [], SHAPES, num_examples=1)
     assert type(err.value) is ReplyError and "client c" in str(err.value)
+
+
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128, object, "U3"])
+def test_arrays_that_are_not_real_numbers_are_rejected(dtype):
+    arrays = _arrays()
+    arrays[1] = np.zeros(4, dtype=dtype)
+    with pytest.raises(ReplyError, match=r"client c3: array 1 is .*; a reply holds real numbers only"):
+        check_arrays("c3", arrays, SHAPES, num_examples=2)
+
+
+def test_a_complex_array_of_finite_values_is_rejected_before_the_finiteness_check():
+    arrays = _arrays()
+    arrays[0] = np.ones((3, 4), np.complex64) * (1 + 1e30j)
+    with pytest.raises(ReplyError, match="array 0 is complex64"):
+        check_arrays("c3", arrays, SHAPES, num_examples=2)
+
+
+def test_expected_dtypes_pin_each_array_and_none_accepts_any_real_one():
+    dtypes = [np.dtype(np.float32), None, np.dtype(np.int64)]
+    check_arrays("c5", _arrays(), SHAPES, 3, dtypes)
+    wide = _arrays()
+    wide[0] = wide[0].astype(np.float64)
+    with pytest.raises(ReplyError, match="client c5: array 0 is float64, expected float32"):
+        check_arrays("c5", wide, SHAPES, 3, dtypes)
+    loose = _arrays()
+    loose[1] = np.zeros(4, np.float64)  # None: any real dtype
+    check_arrays("c5", loose, SHAPES, 3, dtypes)
+    counter = _arrays()
+    counter[2] = np.array(7.0, np.float32)
+    with pytest.raises(ReplyError, match="array 2 is float32, expected int64"):
+        check_arrays("c5", counter, SHAPES, 3, dtypes)
+    with pytest.raises(ValueError, match="2 expected dtypes for 3 expected shapes"):
+        check_arrays("c5", _arrays(), SHAPES, 3, dtypes[:2])
