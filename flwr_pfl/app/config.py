@@ -24,6 +24,7 @@ from flwr_pfl.core.robust import DEFAULT_OUTLIER_RATIO
 from flwr_pfl.data.config import DataConfig
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.strategies.base import AGGREGATES
+from flwr_pfl.strategies.privacy import ClientLevelDP
 from flwr_pfl.models import MODEL_NAMES
 from flwr_pfl.training.norms import FROZEN_NORMS
 from flwr_pfl.training.optim import OptimizerConfig
@@ -121,6 +122,20 @@ class RunConfig:
             after the last one only; 1 = every round (:class:`~flwr_pfl.strategies.base.PFLStrategy`).
             FEDORA's and pFedFDA's own ``fedora.eval-every`` / ``pfedfda.eval-every`` mean the
             same; set one of the two (or both to the same value).
+        dp_noise_multiplier: > 0 turns on client-level differential privacy of the aggregate
+            (:mod:`flwr_pfl.strategies.privacy`): each client's update is clipped to
+            ``dp_clip_norm``, the clipped updates are averaged uniformly over the clients
+            sampled, and Gaussian noise of standard deviation ``z C / m`` is added; the epsilon
+            spent (at ``dp_delta``) is recorded every round. For the algorithms whose aggregate
+            is a mean of the shared arrays; the others refuse it. 0 = off.
+        dp_clip_norm: the clipping norm ``C`` (the initial one with ``dp_adaptive_clipping``).
+        dp_adaptive_clipping: move ``C`` towards the ``dp_target_quantile`` of the update
+            norms (Andrew et al. 2021), at ``dp_clip_learning_rate``, with the count of
+            unclipped updates noised by ``dp_count_stddev`` (0 = m / 20).
+        dp_delta: the delta at which epsilon is reported, in (0, 1/num-clients).
+        dp_max_epsilon: > 0: refuse, before training, a run that would spend more; 0 = no limit.
+        dp_noise_seed: -1 (default): secret noise from the operating system; a seed >= 0 makes
+            the noise repeatable and, to whoever knows the seed, removable (not private).
         The last five bound what one bad client can do (:class:`~flwr_pfl.strategies.base.PFLStrategy`);
         clipping and trimmed-mean apply to FedAvg, finetune, FedRep and FedPer only.
     """
@@ -159,6 +174,15 @@ class RunConfig:
     aggregate: str = "mean"
     trim_fraction: float = 0.1
     outlier_norm_ratio: float = DEFAULT_OUTLIER_RATIO
+    dp_noise_multiplier: float = 0.0
+    dp_clip_norm: float = 1.0
+    dp_adaptive_clipping: bool = False
+    dp_target_quantile: float = 0.5
+    dp_clip_learning_rate: float = 0.2
+    dp_count_stddev: float = 0.0
+    dp_delta: float = 1e-5
+    dp_max_epsilon: float = 0.0
+    dp_noise_seed: int = -1
     eval_every: int = 1
     api: str = "numpyclient"
     fail_on_no_training: bool = True
@@ -225,7 +249,36 @@ class RunConfig:
             "aggregate": self.aggregate,
             "trim_fraction": self.trim_fraction,
             "outlier_norm_ratio": self.outlier_norm_ratio or None,
+            "client_dp": self.client_dp,
         }
+
+    @property
+    def client_dp(self) -> ClientLevelDP | None:
+        """The ``dp-*`` keys as client-level DP settings; None when ``dp-noise-multiplier`` is 0
+        and no other ``dp-*`` key is set (a ``dp-*`` key without a noise multiplier is refused:
+        it would look private and is not)."""
+        defaults = RunConfig.__dataclass_fields__
+        changed = sorted(f"{name.replace('_', '-')}={getattr(self, name)}" for name in defaults
+                         if name.startswith("dp_") and name != "dp_noise_multiplier"
+                         and getattr(self, name) != defaults[name].default)
+        if self.dp_noise_multiplier == 0:
+            if changed:
+                raise ConfigError(f"{', '.join(changed)} set with dp-noise-multiplier=0: without noise there is no "
+                                  "differential privacy; set dp-noise-multiplier > 0 (e.g. 1.0), or drop the dp-* keys")
+            return None
+        if self.dp_noise_seed < -1:
+            raise ConfigError(f"dp-noise-seed={self.dp_noise_seed}: -1 (secret noise, the default) or a seed >= 0")
+        return ClientLevelDP(
+            noise_multiplier=self.dp_noise_multiplier,
+            clip_norm=self.dp_clip_norm,
+            adaptive=self.dp_adaptive_clipping,
+            target_quantile=self.dp_target_quantile,
+            clip_learning_rate=self.dp_clip_learning_rate,
+            count_stddev=self.dp_count_stddev or None,
+            delta=self.dp_delta,
+            max_epsilon=self.dp_max_epsilon or None,
+            noise_seed=None if self.dp_noise_seed == -1 else self.dp_noise_seed,
+        )
 
     def checkpoint_key(self) -> bytes | None:
         """The key of ``checkpoint-key-file`` (None: unset; ConfigError: unreadable or short)."""

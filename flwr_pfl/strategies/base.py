@@ -49,6 +49,7 @@ from flwr_pfl.core.robust import (
 from flwr_pfl.errors import ConfigError, DivergedError, NumRoundsRequired, ReplyError
 from flwr_pfl.strategies import hooks
 from flwr_pfl.strategies.decode import decode_arrays
+from flwr_pfl.strategies.privacy import ClientLevelDP, PrivateAggregator
 from flwr_pfl.strategies.sampling import PARTITION_QUERY, in_partition_order, sample_indices, sampling_rng
 from flwr_pfl.strategies.validation import ClientReply, Scalar, check_arrays
 
@@ -217,6 +218,7 @@ class PFLStrategy(FedAvg):
         trim_fraction: float = 0.1,
         eval_every: int = 1,
         outlier_norm_ratio: float | None = DEFAULT_OUTLIER_RATIO,
+        client_dp: ClientLevelDP | None = None,
     ) -> None:
         if num_clients < 1:
             raise ValueError(f"num_clients must be >= 1, got {num_clients}")
@@ -244,7 +246,7 @@ class PFLStrategy(FedAvg):
             initial_arrays = parameters_to_ndarrays(initial_parameters)
         self._round_configs: dict[str, tuple[int, dict[str, Scalar]]] = {}  # hook -> (round, its dict)
         self.reported_config_keys: set[str] = set()  # user config keys already reported as unread by the clients
-        self._check_bounds(clip_update_norm, max_examples, aggregate, trim_fraction)
+        self._check_bounds(clip_update_norm, max_examples, aggregate, trim_fraction, client_dp)
         self.clip_update_norm = clip_update_norm
         self.max_examples = max_examples
         self.aggregate = aggregate
@@ -283,6 +285,13 @@ class PFLStrategy(FedAvg):
             self.require_num_rounds(f"eval_every={eval_every} (an evaluation after the last round)", "eval_every=1")
         self.eval_every = eval_every
         self.round_timeout = round_timeout
+        #: client-level DP of the aggregate (None: off)
+        planned = min(max(int(num_clients * fraction_fit), min_fit_clients), num_clients)  # clients per round
+        self.private = None if client_dp is None else PrivateAggregator(client_dp, num_clients, planned)
+        self._dp_metrics: dict[str, float] = {}
+        if client_dp is not None and client_dp.max_epsilon is not None:
+            self.require_num_rounds("dp-max-epsilon (a budget checked before training)", "dp-max-epsilon=0")
+            self.private.check_budget(num_rounds, planned)
         self._sampled_nodes: dict[str, list[str]] = {}  # stage -> node ids sampled for its latest round
         self.global_arrays: NDArrays | None = initial_arrays
         self.round_offset = 0  # rounds completed before a resume
@@ -300,7 +309,8 @@ class PFLStrategy(FedAvg):
             raise hooks.unknown_hook(type(self).__name__, name)
         super().__setattr__(name, value)
 
-    def _check_bounds(self, clip: float | None, max_examples: int | None, aggregate: str, trim: float) -> None:
+    def _check_bounds(self, clip: float | None, max_examples: int | None, aggregate: str, trim: float,
+                      client_dp: ClientLevelDP | None = None) -> None:
         """ConfigError on a bad or (for this algorithm) inapplicable reply bound."""
         name = type(self).__name__
         if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip > 0):
@@ -311,10 +321,16 @@ class PFLStrategy(FedAvg):
             raise ConfigError(f"{name}: aggregate={aggregate!r} is not allowed; choose one of {', '.join(map(repr, AGGREGATES))}")
         if isinstance(trim, bool) or not isinstance(trim, (int, float)) or not 0 <= trim < 0.5:
             raise ConfigError(f"{name}: trim_fraction (trim-fraction) must be in [0, 0.5), got {trim!r}")
-        asked = [what for what, on in (("clip-update-norm", clip is not None), ("aggregate='trimmed-mean'", aggregate != "mean")) if on]
+        if client_dp is not None and not isinstance(client_dp, ClientLevelDP):
+            raise ConfigError(f"{name}: client_dp must be a ClientLevelDP or None, got {type(client_dp).__name__}")
+        asked = [what for what, on in (("clip-update-norm", clip is not None), ("aggregate='trimmed-mean'", aggregate != "mean"),
+                                       ("client-level DP (dp-noise-multiplier)", client_dp is not None)) if on]
         refusal = self.robust_refusal or self._default_refusal()
         if asked and refusal:
             raise ConfigError(f"{name}: {' and '.join(asked)} cannot be used: {refusal}; leave them off for this algorithm")
+        if client_dp is not None and len(asked) > 1:
+            raise ConfigError(f"{name}: client-level DP clips every update itself (dp-clip-norm) and averages them "
+                              f"uniformly; it cannot be combined with {' or '.join(asked[:-1])}")
 
     @classmethod
     def _default_refusal(cls) -> str:
@@ -647,12 +663,34 @@ class PFLStrategy(FedAvg):
         return int(reported)
 
     def aggregate_replies(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
-        """Combine validated replies into the new global arrays (default: FedAvg, Eq. in Alg. 1)."""
+        """Combine validated replies into the new global arrays (default: FedAvg, Eq. in Alg. 1;
+        with client-level DP, :meth:`private_aggregate`)."""
         if not replies[0].arrays:
             return []
+        if self.private is not None:
+            return self.private_aggregate(server_round, replies)
         if self.aggregate == "trimmed-mean":
             return trimmed_mean([r.arrays for r in replies], self.trim_fraction)
         return weighted_average([r.arrays for r in replies], [r.num_examples for r in replies])
+
+    def private_aggregate(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
+        """The global arrays plus the private mean of the replies' updates
+        (:meth:`PrivateAggregator.release <flwr_pfl.strategies.privacy.PrivateAggregator.release>`):
+        each update (reply minus the global arrays sent) clipped, summed, noised and divided by
+        the number of clients the round sampled. Only floating-point arrays are released;
+        integer ones (BatchNorm's batch counters, which count a client's data) keep their
+        previous global values."""
+        previous = self.global_arrays
+        if previous is None:
+            raise RuntimeError("client-level DP needs the global arrays the round sent")
+        floating = [np.issubdtype(np.asarray(g).dtype, np.floating) for g in previous]
+        updates = [[a.astype(np.float64) - np.asarray(g, dtype=np.float64) for a, g, f in zip(r.arrays, previous, floating) if f]
+                   for r in replies]
+        sampled = max(len(self._sampled_nodes.get("fit", ())), len(replies))
+        mean, self._dp_metrics = self.private.release(updates, sampled, self.run_round(server_round))
+        step = iter(mean)
+        return [(np.asarray(g, dtype=np.float64) + next(step)).astype(np.asarray(g).dtype) if f else np.array(g, copy=True)
+                for g, f in zip(previous, floating)]
 
     def aggregate_fit(
         self,
@@ -698,6 +736,7 @@ class PFLStrategy(FedAvg):
         arrays = self.aggregate_replies(server_round, self.bound_replies(server_round, replies))
         self.check_aggregate(server_round, arrays, previous)
         self.global_arrays = arrays
+        metrics |= self._dp_metrics
         metrics |= aggregate_client_metrics(
             [(r.num_examples, r.metrics) for r in replies], keys=self.fit_metric_keys(replies)
         )
@@ -841,11 +880,14 @@ class PFLStrategy(FedAvg):
         partition ids learned (node id -> partition id; a node that comes back under another id
         is asked again). Subclasses add their own state; what a checkpoint can hold is listed in
         :mod:`flwr_pfl.app.checkpoint`."""
-        return {
+        state = {
             "global_arrays": [a.copy() for a in (self.global_arrays or [])],
             "round_offset": self.round_offset,
             "partition_of": dict(self.partition_of),
         }
+        if self.private is not None:
+            state["client_dp"] = self.private.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any], rounds_done: int) -> None:
         """Resume from :meth:`state_dict`; the next round is numbered ``rounds_done + 1``.
@@ -859,6 +901,11 @@ class PFLStrategy(FedAvg):
             partition_of = {str(cid): int(pid) for cid, pid in state.get("partition_of", {}).items()}
         except (AttributeError, TypeError, ValueError) as err:
             raise ConfigError(f"the checkpoint's partition_of is not a map of node ids to partition ids: {err}") from None
+        if self.private is not None:
+            if "client_dp" not in state:
+                raise ConfigError("client-level DP is on but the checkpoint holds no privacy state: it was written by a run "
+                                  "without it, whose releases were not accounted; start a new run")
+            self.private.load_state_dict(state["client_dp"])
         self.global_arrays = arrays
         self.initial_parameters = ndarrays_to_parameters(self.global_arrays)
         self.round_offset = rounds_done

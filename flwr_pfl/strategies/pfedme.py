@@ -84,8 +84,9 @@ class PFedMe(PFLStrategy):
         return server_step(self.global_arrays, average, self.beta, self.moving_arrays(replies, len(average)))
 
     def average(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
-        """The clients' local models averaged: by ``weighting`` for the mean, else the base's rule."""
-        if self.weighting == "uniform" and self.aggregate == "mean" and replies[0].arrays:
+        """The clients' local models averaged: by ``weighting`` for the mean, else the base's rule
+        (trimmed mean; client-level DP, which is uniform itself)."""
+        if self.weighting == "uniform" and self.aggregate == "mean" and self.private is None and replies[0].arrays:
             return weighted_average([r.arrays for r in replies], [1.0] * len(replies))
         return super().aggregate_replies(server_round, replies)
 
