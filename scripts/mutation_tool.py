@@ -78,6 +78,7 @@ _STATE = ("tests/app/test_resume.py", "tests/app/test_resume_safety.py", "tests/
 SCOPE: dict[str, tuple[str, ...]] = {
     "flwr_pfl/core/aggregation.py": ("tests/core/test_aggregation.py", *_AGGREGATION),
     "flwr_pfl/core/robust.py": ("tests/core/test_robust.py", *_AGGREGATION),
+    "flwr_pfl/core/dp.py": ("tests/core/test_dp.py", "tests/strategies/test_client_dp.py"),
     "flwr_pfl/models/split.py": ("tests/models", "tests/clients", "tests/strategies"),
     "flwr_pfl/clientapp.py": ("tests/clients", "tests/serverapp", "tests/test_messages.py"),
     "flwr_pfl/app/checkpoint.py": (*_STATE, "tests/properties"),

@@ -25,7 +25,8 @@ from flwr_pfl.data.config import DataConfig
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.strategies.base import AGGREGATES
 from flwr_pfl.strategies.privacy import ClientLevelDP
-from flwr_pfl.models import MODEL_NAMES
+from flwr_pfl.training.dpsgd import RecordLevelDP
+from flwr_pfl.models import MODEL_NAMES, RUNNING_STAT_MODELS
 from flwr_pfl.training.norms import FROZEN_NORMS
 from flwr_pfl.training.optim import OptimizerConfig
 
@@ -135,7 +136,13 @@ class RunConfig:
         dp_delta: the delta at which epsilon is reported, in (0, 1/num-clients).
         dp_max_epsilon: > 0: refuse, before training, a run that would spend more; 0 = no limit.
         dp_noise_seed: -1 (default): secret noise from the operating system; a seed >= 0 makes
-            the noise repeatable and, to whoever knows the seed, removable (not private).
+            the noise repeatable and, to whoever knows the seed, removable (not private). Also
+            seeds DP-SGD's sampling and noise.
+        dp_record_noise_multiplier: > 0 trains every client with DP-SGD (record-level DP,
+            :mod:`flwr_pfl.training.dpsgd`): Poisson batches, each record's gradient clipped
+            to ``dp_record_clip_norm``, Gaussian noise; each client reports the epsilon it has
+            spent at ``dp_record_delta`` (``dp_record_epsilon``). Algorithms whose clients
+            compute anything else from their data refuse it. 0 = off.
         The last five bound what one bad client can do (:class:`~flwr_pfl.strategies.base.PFLStrategy`);
         clipping and trimmed-mean apply to FedAvg, finetune, FedRep and FedPer only.
     """
@@ -183,6 +190,9 @@ class RunConfig:
     dp_delta: float = 1e-5
     dp_max_epsilon: float = 0.0
     dp_noise_seed: int = -1
+    dp_record_noise_multiplier: float = 0.0
+    dp_record_clip_norm: float = 1.0
+    dp_record_delta: float = 1e-5
     eval_every: int = 1
     api: str = "numpyclient"
     fail_on_no_training: bool = True
@@ -257,17 +267,9 @@ class RunConfig:
         """The ``dp-*`` keys as client-level DP settings; None when ``dp-noise-multiplier`` is 0
         and no other ``dp-*`` key is set (a ``dp-*`` key without a noise multiplier is refused:
         it would look private and is not)."""
-        defaults = RunConfig.__dataclass_fields__
-        changed = sorted(f"{name.replace('_', '-')}={getattr(self, name)}" for name in defaults
-                         if name.startswith("dp_") and name != "dp_noise_multiplier"
-                         and getattr(self, name) != defaults[name].default)
+        self._check_dp_keys()
         if self.dp_noise_multiplier == 0:
-            if changed:
-                raise ConfigError(f"{', '.join(changed)} set with dp-noise-multiplier=0: without noise there is no "
-                                  "differential privacy; set dp-noise-multiplier > 0 (e.g. 1.0), or drop the dp-* keys")
             return None
-        if self.dp_noise_seed < -1:
-            raise ConfigError(f"dp-noise-seed={self.dp_noise_seed}: -1 (secret noise, the default) or a seed >= 0")
         return ClientLevelDP(
             noise_multiplier=self.dp_noise_multiplier,
             clip_norm=self.dp_clip_norm,
@@ -279,6 +281,40 @@ class RunConfig:
             max_epsilon=self.dp_max_epsilon or None,
             noise_seed=None if self.dp_noise_seed == -1 else self.dp_noise_seed,
         )
+
+    @property
+    def record_dp(self) -> RecordLevelDP | None:
+        """The ``dp-record-*`` keys as DP-SGD settings; None when ``dp-record-noise-multiplier`` is 0."""
+        self._check_dp_keys()
+        if self.dp_record_noise_multiplier == 0:
+            return None
+        return RecordLevelDP(noise_multiplier=self.dp_record_noise_multiplier, clip_norm=self.dp_record_clip_norm,
+                             delta=self.dp_record_delta,
+                             noise_seed=None if self.dp_noise_seed == -1 else self.dp_noise_seed)
+
+    def _check_dp_keys(self) -> None:
+        """ConfigError for a ``dp-*`` key set while its noise multiplier is 0 (it would look
+        private and is not), and for a bad ``dp-noise-seed``."""
+        defaults = RunConfig.__dataclass_fields__
+
+        def changed(prefix: str, multiplier: str) -> list[str]:
+            return sorted(f"{name.replace('_', '-')}={getattr(self, name)}" for name in defaults
+                          if name.startswith(prefix) and name not in (multiplier, "dp_noise_seed")
+                          and not (prefix == "dp_" and name.startswith("dp_record_"))
+                          and getattr(self, name) != defaults[name].default)
+
+        for prefix, multiplier, value in (("dp_", "dp_noise_multiplier", self.dp_noise_multiplier),
+                                          ("dp_record_", "dp_record_noise_multiplier", self.dp_record_noise_multiplier)):
+            keys = changed(prefix, multiplier)
+            if value == 0 and keys:
+                key = multiplier.replace("_", "-")
+                raise ConfigError(f"{', '.join(keys)} set with {key}=0: without noise there is no differential privacy; "
+                                  f"set {key} > 0 (e.g. 1.0), or drop those keys")
+        if self.dp_noise_seed < -1:
+            raise ConfigError(f"dp-noise-seed={self.dp_noise_seed}: -1 (secret noise, the default) or a seed >= 0")
+        if self.dp_noise_seed != -1 and self.dp_noise_multiplier == 0 and self.dp_record_noise_multiplier == 0:
+            raise ConfigError(f"dp-noise-seed={self.dp_noise_seed} set without differential privacy: set "
+                              "dp-noise-multiplier or dp-record-noise-multiplier > 0, or drop it")
 
     def checkpoint_key(self) -> bytes | None:
         """The key of ``checkpoint-key-file`` (None: unset; ConfigError: unreadable or short)."""
@@ -332,12 +368,26 @@ class Experiment:
     options: Any
 
     def __post_init__(self) -> None:
+        self.check_record_dp()
         own = getattr(self.options, "eval_every", 1)
         if own != 1 and self.run.eval_every != 1 and own != self.run.eval_every:
             raise ConfigError(
                 f"eval-every={self.run.eval_every} and {self.algorithm.section}eval-every={own} disagree: they set the "
                 "same evaluation schedule; set one of them"
             )
+
+    def check_record_dp(self) -> None:
+        """ConfigError, before training, when record-level DP is asked of an algorithm or a model
+        it cannot cover (the clients would otherwise refuse it one by one)."""
+        if self.run.record_dp is None:
+            return
+        reason = self.algorithm.client.record_dp_reason()
+        if reason:
+            raise ConfigError(f"{self.run.algorithm}: record-level DP (dp-record-noise-multiplier) cannot be used: {reason}")
+        if self.run.model in RUNNING_STAT_MODELS:
+            raise ConfigError(f"model={self.run.model!r} has BatchNorm, which record-level DP (DP-SGD) cannot train: a "
+                              "record's output depends on its batch and the running statistics would leave unnoised; "
+                              f"use one of {', '.join(m for m in MODEL_NAMES if m not in RUNNING_STAT_MODELS)}")
 
     @property
     def eval_every(self) -> int:
@@ -363,6 +413,7 @@ class Experiment:
             device=self.run.device,
             seed=self.run.seed,
             frozen_norm=self.run.frozen_norm,  # type: ignore[arg-type]  # checked in RunConfig
+            record_dp=self.run.record_dp,
         )
 
     def output_path(self) -> Path:

@@ -4,8 +4,8 @@ Written as the run goes, at a cost per round that does not grow with the rounds 
 crash keeps what was done, and a long run does not slow down): ``config.json`` (the resolved
 configuration), ``metrics.jsonl`` (one JSON line per round and phase, every aggregated metric,
 appended), ``timings.jsonl`` (the same rows' wall-clock figures: every metric with ``seconds``
-in its name), ``clients.json`` and ``clients.csv`` (each client's latest evaluation; one row per
-client) and ``checkpoint.npz`` (the server's state every ``checkpoint-interval`` rounds and
+in its name), ``clients.json`` and ``clients.csv`` (each client's latest evaluation, and with
+record-level DP the epsilon it has spent so far; one row per client) and ``checkpoint.npz`` (the server's state every ``checkpoint-interval`` rounds and
 after the last, to resume; :mod:`flwr_pfl.app.checkpoint`). Timings are kept apart so that the
 metrics are bit-identical across reruns of the same config and seed.
 
@@ -50,6 +50,9 @@ from flwr_pfl.strategies.validation import describe_failures
 
 Scalar = bool | bytes | float | int | str
 
+#: a client's fit metrics kept in ``clients.json`` beside its latest evaluation: the privacy it
+#: has spent (record-level DP), which differs from client to client
+CLIENT_PRIVACY_KEYS = ("dp_record_epsilon", "dp_record_delta", "dp_record_steps")
 METRICS_LOG = "metrics.jsonl"
 TIMINGS_LOG = "timings.jsonl"
 #: the run's status and why, written with ``summary.txt`` at the end (:meth:`ResultsWriter.finish`)
@@ -166,9 +169,17 @@ class ResultsWriter:
         self.timings.append(timing)
         _append(self.directory / METRICS_LOG, row)
         _append(self.directory / TIMINGS_LOG, timing)
+        if phase == "fit":
+            spent = {pid: {k: values[k] for k in CLIENT_PRIVACY_KEYS if k in values} for pid, values in clients.items()}
+            for pid, keys in spent.items():
+                if keys:
+                    self.clients[pid] = {"partition_id": pid, **self.clients.get(pid, {}), **_plain(keys)}
+            if any(spent.values()):
+                self._write_clients()
         if phase == "evaluate":
             for pid, values in clients.items():
-                self.clients[pid] = {"partition_id": pid, "round": server_round, **_plain(values)}
+                kept = {k: v for k, v in self.clients.get(pid, {}).items() if k in CLIENT_PRIVACY_KEYS}
+                self.clients[pid] = {"partition_id": pid, "round": server_round, **_plain(values), **kept}
             self._write_clients()
 
     def record_failures(self, server_round: int, phase: str, failures: Sequence[Any], asked: int) -> None:

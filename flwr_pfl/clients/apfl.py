@@ -119,6 +119,12 @@ class APFLClient(PersonalCopyClient):
         ValueError: ``alpha`` is not in [0, 1], or ``alpha_lr`` is not a finite number >= 0.
     """
 
+    #: DP-SGD cannot cover this client (see PFLClient.record_dp_refusal)
+    record_dp_refusal = (
+        'its personal model and mixing weight alpha take their own optimizer steps on the data (Deng et '
+        "al.'s update), outside DP-SGD"
+    )
+
     #: ``context.state`` key of the learned alpha (a ConfigRecord with the scalar ``alpha``)
     ALPHA_KEY = "apfl-alpha"
 

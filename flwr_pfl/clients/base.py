@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import torch
@@ -39,13 +39,17 @@ from flwr_pfl.training import (
     get_arrays,
     group_keys,
     load_arrays,
+    load_scalars,
     num_samples,
     resolve_device,
     save_arrays,
+    save_scalars,
     seeded,
     set_arrays,
     train,
 )
+from flwr_pfl.training.dpsgd import PrivateSteps, RecordLevelDP, StepAccount
+from flwr_pfl.training.dpsgd import check_model as check_dp_model
 from flwr_pfl.training.norms import FrozenNorm, check_frozen_norm
 from flwr_pfl.training.seed import client_seed
 
@@ -111,6 +115,9 @@ class TrainConfig:
             BatchNorm-like modules do: ``"eval"`` (default: eval mode, their running statistics
             stay as they are) or ``"train"`` (train mode: the statistics move, as in the
             reference codes). Dropout stays active either way (:mod:`flwr_pfl.training.norms`).
+        record_dp: train with DP-SGD (:mod:`flwr_pfl.training.dpsgd`; None: plain SGD). The
+            algorithms whose client computes anything from its data other than gradient steps
+            refuse it (``record_dp_refusal``).
 
     Raises:
         ValueError: ``frozen_norm`` is not ``"eval"`` or ``"train"``.
@@ -122,6 +129,7 @@ class TrainConfig:
     device: str = "auto"
     seed: int = 0
     frozen_norm: FrozenNorm = "eval"
+    record_dp: RecordLevelDP | None = None
 
     def __post_init__(self) -> None:
         check_frozen_norm(self.frozen_norm)
@@ -228,6 +236,12 @@ class PFLClient(NumPyClient):
     #: ``body`` / ``heads``) or "module" (``features()``, ``head_outputs()``, ``heads``)
     head_requirement: HeadRequirement = "none"
     PERSONAL_KEY = "personal"
+    #: the client state record of the DP-SGD steps taken so far (record-level DP's accountant)
+    RECORD_DP_KEY = "record-dp-steps"
+    #: why record-level DP (DP-SGD) does not cover this algorithm's local computation ("": it does:
+    #: every use of the data is a step of the shared train loop, through :meth:`train_groups`). A
+    #: class that overrides ``fit`` refuses it unless it says otherwise here.
+    record_dp_refusal: ClassVar[str] = ""
 
     def __init__(
         self,
@@ -246,6 +260,10 @@ class PFLClient(NumPyClient):
         self.device = resolve_device(self.train_config.device)
         self.partition_id = int(context.node_config.get("partition-id", -1))
         self.check_training_data()
+        #: this message's DP-SGD (set by :meth:`fit` when ``record_dp`` is on)
+        self.private_steps: PrivateSteps | None = None
+        if self.train_config.record_dp is not None:
+            self.check_record_dp()
         if self.personal_group is not None:
             personal = load_arrays(context.state, self.PERSONAL_KEY)
             if personal is not None:
@@ -347,9 +365,43 @@ class PFLClient(NumPyClient):
         """This client as errors name it: ``partition <id>`` (``partition ?`` when unknown)."""
         return f"partition {self.partition_id}" if self.partition_id >= 0 else "partition ?"
 
+    @classmethod
+    def record_dp_reason(cls) -> str:
+        """Why record-level DP does not apply to this client ("" where it does)."""
+        if cls.record_dp_refusal:
+            return cls.record_dp_refusal
+        if cls.fit is not PFLClient.fit:
+            return f"{cls.__name__} trains or uploads by its own rule (it overrides fit), not only through DP-SGD steps"
+        return ""
+
+    def check_record_dp(self) -> None:
+        """ConfigError when record-level DP cannot hold here: the algorithm, the model
+        (BatchNorm) or a delta not below ``1 / n``."""
+        reason = self.record_dp_reason()
+        if reason:
+            raise ConfigError(f"{self.who}: record-level DP (dp-record-noise-multiplier) cannot be used: {reason}")
+        check_dp_model(self.model, self.who)
+        records = num_samples(self.data.train)
+        settings = self.train_config.record_dp
+        if settings is not None and not settings.delta < 1 / records:
+            raise ConfigError(f"{self.who}: dp-record-delta={settings.delta} is not below 1/n = {1 / records:.3g} for its "
+                              f"{records} training records; a delta that large allows releasing a record outright")
+
+    def record_dp_metrics(self) -> dict[str, float]:
+        """Account this message's DP-SGD steps in the client's state and return the epsilon the
+        client has spent over the run so far (``dp_record_epsilon`` at ``dp_record_delta``)."""
+        steps, settings = self.private_steps, self.train_config.record_dp
+        if steps is None or settings is None:
+            return {}
+        account = StepAccount.from_scalars(load_scalars(self.context.state, self.RECORD_DP_KEY))
+        account.add(steps.rate, settings.noise_multiplier, steps.steps)
+        save_scalars(self.context.state, self.RECORD_DP_KEY, account.to_scalars())
+        return {"dp_record_epsilon": account.epsilon(settings.delta), "dp_record_delta": settings.delta,
+                "dp_record_steps": float(steps.steps)}
+
     def train_groups(self, groups: tuple[str, ...], epochs: int, **kwargs) -> TrainStats:
         """Run the shared train loop on ``groups`` with this client's settings (its optimizer and
-        its ``frozen_norm`` unless ``kwargs`` say otherwise)."""
+        its ``frozen_norm`` unless ``kwargs`` say otherwise; DP-SGD when ``record_dp`` is on)."""
         return train(
             self.model,
             self.data.train,
@@ -361,6 +413,7 @@ class PFLClient(NumPyClient):
             who=kwargs.pop("who", self.who),
             keys=self.data.batch_keys,
             frozen_norm=kwargs.pop("frozen_norm", self.train_config.frozen_norm),
+            private=self.private_steps,
             **kwargs,
         )
 
@@ -381,7 +434,12 @@ class PFLClient(NumPyClient):
     @seeded_message
     def fit(self, parameters: NDArrays, config: Config) -> tuple[NDArrays, int, Config]:
         self.receive(parameters)
+        if self.train_config.record_dp is not None:
+            self.private_steps = PrivateSteps(self.train_config.record_dp, num_samples(self.data.train),
+                                              self.train_config.batch_size, self.round_seed(config))
         metrics = self.local_update(config)
+        metrics |= self.record_dp_metrics()
+        self.private_steps = None
         self.keep_personal()
         num_examples = num_samples(self.data.train)
         return self.get_parameters(config), num_examples, {**metrics, "partition_id": self.partition_id}

@@ -39,6 +39,12 @@ class FedAMPClient(PFLClient):
     ``train_seconds``.
     """
 
+    #: DP-SGD cannot cover this client (see PFLClient.record_dp_refusal)
+    record_dp_refusal = (
+        'its fit is its own (the attention-weighted cloud model and a parameter mask), not yet wired to '
+        "DP-SGD's accounting"
+    )
+
     shared_group = "all"
     personal_group = None
 

@@ -60,6 +60,12 @@ class FedBNClient(PFLClient):
     head on the wire and only its norm layers local.
     """
 
+    #: DP-SGD cannot cover this client (see PFLClient.record_dp_refusal)
+    record_dp_refusal = (
+        'FedBN is defined by BatchNorm layers kept local, and DP-SGD needs a model without running '
+        'statistics'
+    )
+
     shared_group = "all"
     personal_group = None
     PERSONAL_KEY = "fedbn-norms"

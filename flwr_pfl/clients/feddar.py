@@ -92,6 +92,12 @@ class DomainAwareClient(PFLClient):
     as a failure instead of reaching an aggregate).
     """
 
+    #: DP-SGD cannot cover this client (see PFLClient.record_dp_refusal)
+    record_dp_refusal = (
+        'the FedDAR family sends per-domain counts, heads and Hessians (feature Gram matrices) computed '
+        'from the data outside DP-SGD'
+    )
+
     @property
     def num_domains(self) -> int:
         return self.data.num_domains

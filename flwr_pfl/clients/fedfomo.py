@@ -67,6 +67,12 @@ class FedFomoClient(PFLClient):
     is used, with a warning: FedFomo's weights then measure the fit to the training data.
     """
 
+    #: DP-SGD cannot cover this client (see PFLClient.record_dp_refusal)
+    record_dp_refusal = (
+        "its combination weights come from the validation losses of the other clients' models on its "
+        'data, outside DP-SGD'
+    )
+
     shared_group = "all"
     personal_group = None
 

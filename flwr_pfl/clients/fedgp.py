@@ -73,6 +73,12 @@ class FedGPClient(PFLClient):
             :class:`~flwr_pfl.clients.base.PFLClient`) no training samples.
     """
 
+    #: DP-SGD cannot cover this client (see PFLClient.record_dp_refusal)
+    record_dp_refusal = (
+        "the target's projections and auto-weights are computed from its own data's step updates by its "
+        "own fit, not yet wired to DP-SGD's accounting"
+    )
+
     shared_group = "all"
 
     def __init__(

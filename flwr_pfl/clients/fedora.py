@@ -58,6 +58,12 @@ class FEDORAClient(PFLClient):
         *args, **kwargs: :class:`PFLClient`'s arguments.
     """
 
+    #: DP-SGD cannot cover this client (see PFLClient.record_dp_refusal)
+    record_dp_refusal = (
+        'it uploads the principal subspace of its raw inputs and labels, and trains its auxiliary model '
+        'by its own loop, outside DP-SGD'
+    )
+
     shared_group = "all"
     personal_group = "all"
     head_requirement = "module"

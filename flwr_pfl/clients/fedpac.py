@@ -90,6 +90,12 @@ class FedPACClient(PFLClient):
             classification.
     """
 
+    #: DP-SGD cannot cover this client (see PFLClient.record_dp_refusal)
+    record_dp_refusal = (
+        'it uploads class prototypes (feature means per class) and head statistics computed from the data'
+        ' outside DP-SGD'
+    )
+
     head_requirement = "module"
     shared_group = "body"
     personal_group = "heads"

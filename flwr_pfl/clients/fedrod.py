@@ -98,6 +98,12 @@ class FedRoDClient(PFLClient):
             classification; ``generic_loss`` is unknown.
     """
 
+    #: DP-SGD cannot cover this client (see PFLClient.record_dp_refusal)
+    record_dp_refusal = (
+        'its two heads are trained by their own loop (balanced softmax and the personal head), outside '
+        'DP-SGD'
+    )
+
     head_requirement = "module"
     shared_group = "all"
     personal_group = None

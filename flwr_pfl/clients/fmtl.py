@@ -73,6 +73,11 @@ class FedFMTLClient(PFLClient):
         *args, **kwargs: :class:`PFLClient`'s arguments (``head`` among them).
     """
 
+    #: DP-SGD cannot cover this client (see PFLClient.record_dp_refusal)
+    record_dp_refusal = (
+        'it uploads per-task feature moments and counts computed from the data outside DP-SGD'
+    )
+
     shared_group = "all"
     head_requirement = "module"
 

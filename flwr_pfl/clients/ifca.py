@@ -56,6 +56,11 @@ class IFCAClient(PFLClient):
         ConfigError: a bad option, or ``share_body`` with a model whose head is not named.
     """
 
+    #: DP-SGD cannot cover this client (see PFLClient.record_dp_refusal)
+    record_dp_refusal = (
+        "it chooses its cluster by the training loss of every cluster's model on its data, outside DP-SGD"
+    )
+
     def __init__(self, *args, num_clusters: int = 2, share_body: bool = False, **kwargs) -> None:
         check_options(num_clusters, share_body, lambda option: f"IFCA's {option.replace('-', '_')}")
         self.num_clusters = num_clusters

@@ -85,6 +85,11 @@ class PerFedAvgClient(PFLClient):
         ValueError: an option out of range.
     """
 
+    #: DP-SGD cannot cover this client (see PFLClient.record_dp_refusal)
+    record_dp_refusal = (
+        'its meta-update takes its own second-order steps on the data, outside DP-SGD'
+    )
+
     def __init__(self, *args, alpha: float = 0.01, variant: Variant = "fo", adapt_steps: int = 1, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < math.inf:

@@ -126,6 +126,11 @@ class PFedFDAClient(PFLClient):
         packed_cov: Sigma travels as its upper triangle (must match the strategy).
     """
 
+    #: DP-SGD cannot cover this client (see PFLClient.record_dp_refusal)
+    record_dp_refusal = (
+        'it uploads class feature means and the feature covariance computed from the data outside DP-SGD'
+    )
+
     shared_group = "body"
     personal_group = None
     head_requirement = "module"

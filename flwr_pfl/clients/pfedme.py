@@ -83,6 +83,11 @@ class PFedMeClient(PersonalCopyClient):
         ValueError: an argument out of its range.
     """
 
+    #: DP-SGD cannot cover this client (see PFLClient.record_dp_refusal)
+    record_dp_refusal = (
+        'its inner problem is solved by its own loop over repeated batches, outside DP-SGD'
+    )
+
     def __init__(self, *args, lam: float = 15.0, k: int = 5, personal_lr: float = 0.01, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.lam = check_lam(lam)

@@ -20,6 +20,8 @@ from flwr_pfl.models.encoders import (
 )
 
 MODEL_NAMES = ("mlp", "cnn28", "cnn32", "resnet18", "resnet18-gn", "linear")
+#: the models with BatchNorm (running statistics), which record-level DP (DP-SGD) refuses
+RUNNING_STAT_MODELS = ("resnet18",)
 
 
 def _feature_dim(encoder: nn.Module, input_shape: tuple[int, ...]) -> int:
@@ -74,4 +76,4 @@ def build_model(
     )
 
 
-__all__ = ["MODEL_NAMES", "EncoderHeadModel", "HeadSpec", "HeadSplit", "build_model", "split_model"]
+__all__ = ["MODEL_NAMES", "RUNNING_STAT_MODELS", "EncoderHeadModel", "HeadSpec", "HeadSplit", "build_model", "split_model"]

@@ -8,8 +8,9 @@ added* (a regularizer, e.g. FEDORA's proximal term); the loop itself is written 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +20,7 @@ from torch.utils.data import DataLoader
 from flwr_pfl.data.types import ArraySplit, Task
 from flwr_pfl.models.base import EncoderHeadModel
 from flwr_pfl.training.batches import BatchKeys, num_samples, read_batch
+from flwr_pfl.training.dpsgd import PrivateSteps
 from flwr_pfl.training.norms import FrozenNorm, check_frozen_norm, frozen_norms
 from flwr_pfl.training.optim import OptimizerConfig, make_optimizer
 from flwr_pfl.training.params import only_trainable
@@ -118,6 +120,7 @@ def train(
     who: str = "",
     keys: BatchKeys | None = None,
     frozen_norm: FrozenNorm = "eval",
+    private: PrivateSteps | None = None,
 ) -> TrainStats:
     """Train the parameter ``groups`` of ``model`` for ``epochs`` passes over ``loader``.
 
@@ -145,6 +148,10 @@ def train(
             statistics, so a frozen body stays frozen) or ``"train"`` (train mode: their
             statistics move, as in FedRep's, PFLlib's and FL-bench's code). No effect when
             ``groups`` is ``("all",)``.
+        private: train with DP-SGD (:mod:`flwr_pfl.training.dpsgd`): Poisson batches from the
+            loader's dataset, ``ceil(n / B)`` steps per epoch, each record's gradient (its loss,
+            weighted by ``domain_weights``) clipped and the sum noised; the regularizer's
+            gradient is added after the noise (no record enters it).
 
     Raises:
         FloatingPointError: the loss became NaN or Inf; the client's reply then counts as a
@@ -159,38 +166,60 @@ def train(
     model.to(device).train()
     weights = domain_weights.to(device) if domain_weights is not None else None
     start, steps, loss_sum = time.perf_counter(), 0, 0.0
+    record_loss = loss_fn if weights is None else (lambda m, x, y, d: loss_fn(m, x, y, d) * weights[d])
+    loss_steps = 0
     with only_trainable(model, groups) as params:
         with frozen_norms(model, groups, frozen_norm):
             opt = make_optimizer(params, optimizer)
-            for epoch in range(epochs):
-                for batch_index, batch in enumerate(loader):
-                    x, y, d = read_batch(batch, device, keys)
-                    losses = loss_fn(model, x, y, d)
-                    if weights is not None:
-                        losses = losses * weights[d]
-                    loss = losses.mean()
+            for epoch, batch_index, batch in _batches(loader, epochs, private):
+                where = f"step {steps + 1} (epoch {epoch + 1}, batch {batch_index + 1})"
+                x, y, d = read_batch(batch, device, keys) if batch is not None else (None, None, None)
+                opt.zero_grad(set_to_none=True)
+                if private is None:
+                    loss = record_loss(model, x, y, d).mean()
                     total = loss + regularizer(model) if regularizer is not None else loss
                     if not torch.isfinite(total):
-                        where = f"step {steps + 1} (epoch {epoch + 1}, batch {batch_index + 1})"
                         raise nonfinite_loss_error(total.item(), x, y, where=where, who=who,
                                                    learning_rate=optimizer.learning_rate)
-                    opt.zero_grad(set_to_none=True)
                     total.backward()
-                    opt.step()
-                    steps += 1
+                else:
+                    grads, losses = private.gradients(model, params, record_loss, (x, y, d) if x is not None else None)
+                    loss = losses.mean() if losses is not None else None
+                    if loss is not None and not torch.isfinite(loss):
+                        raise nonfinite_loss_error(loss.item(), x, y, where=where, who=who,
+                                                   learning_rate=optimizer.learning_rate)
+                    for p, g in zip(params, grads):
+                        p.grad = g
+                    if regularizer is not None:
+                        regularizer(model).backward()  # adds the data-free term's gradient
+                opt.step()
+                steps += 1
+                if loss is not None:
                     loss_sum += float(loss.detach())
-                    if after_step is not None:
-                        after_step(model, steps)
-                    if max_steps and steps >= max_steps:
-                        break
+                    loss_steps += 1
+                if after_step is not None:
+                    after_step(model, steps)
                 if max_steps and steps >= max_steps:
                     break
     return TrainStats(
-        loss=loss_sum / max(steps, 1),
+        loss=loss_sum / max(loss_steps, 1),
         num_examples=num_samples(loader),
         steps=steps,
         seconds=time.perf_counter() - start,
     )
+
+
+def _batches(loader: DataLoader, epochs: int, private: PrivateSteps | None) -> Iterator[tuple[int, int, Any]]:
+    """``(epoch, batch index, batch)``: the loader's batches, ``epochs`` times; with DP-SGD its
+    Poisson batches (None: an empty one)."""
+    if private is None:
+        for epoch in range(epochs):
+            for index, batch in enumerate(loader):
+                yield epoch, index, batch
+        return
+    per_epoch = private.steps_per_epoch()
+    for step, batch in enumerate(private.batches(loader, epochs)):
+        yield step // per_epoch, step % per_epoch, batch
 
 
 @dataclass
