@@ -93,6 +93,13 @@ for _package in ("strategies", "clients", "training", "serverapp"):
     for _path in sorted((REPO / "flwr_pfl" / _package).glob("*.py")):
         if _path.name != "__init__.py":
             SCOPE[str(_path.relative_to(REPO))] = (*_FLOWER_LAYER, "tests/properties")
+#: Flower-layer modules with a focused test selection of their own (a workspace of their own, minutes
+#: instead of the shared workspace's half-hour first pass)
+OWN_SELECTION: dict[str, tuple[str, ...]] = {
+    "flwr_pfl/training/dpsgd.py": ("tests/training/test_dpsgd.py", "tests/clients/test_record_dp.py"),
+    "flwr_pfl/strategies/privacy.py": ("tests/strategies/test_client_dp.py", "tests/core/test_dp.py"),
+}
+SCOPE.update(OWN_SELECTION)
 
 #: modules mutated together in one workspace, so that mutmut's first pass over the tests (which
 #: records the tests that reach each function, about half an hour for the Flower layer's 1,200
@@ -101,7 +108,7 @@ for _package in ("strategies", "clients", "training", "serverapp"):
 SHARED_WORKSPACES: dict[str, tuple[str, ...]] = {
     "flower-layer": tuple(
         m for m in SCOPE
-        if m.split("/")[1] in ("strategies", "clients", "training", "serverapp")
+        if m not in OWN_SELECTION and m.split("/")[1] in ("strategies", "clients", "training", "serverapp")
         or m in ("flwr_pfl/clientapp.py", "flwr_pfl/models/split.py")
     ),
 }
