@@ -1,14 +1,17 @@
-"""What client-level differential privacy costs in accuracy on the default experiment.
+"""What differential privacy costs in accuracy on the default experiment.
 
 Runs the default experiment (``pyproject.toml``'s run config: Fashion-MNIST, Dirichlet(0.3)
-label skew, the small CNN, 5 rounds, 10 clients) for each algorithm without DP and at two
-privacy levels (noise multipliers; the epsilon each spends at ``--delta`` is computed by the
-suite's accountant and reported), over several seeds, on the in-process engine through the
-comparison tool's own functions. The noise is seeded with the run's seed (``dp-noise-seed``)
-so that the table can be reproduced; a real deployment keeps the default secret noise.
+label skew, the small CNN, 5 rounds, 10 clients) for each algorithm without DP, at two
+client-level privacy levels (``--noise``: ``dp-noise-multiplier``; the epsilon each spends at
+``--delta`` is computed by the suite's accountant) and at two record-level levels
+(``--record-noise``: DP-SGD's ``dp-record-noise-multiplier``; the epsilon is the largest any
+client reported at ``--record-delta``), over several seeds, on the in-process engine through
+the comparison tool's own functions. The noise is seeded with the run's seed
+(``dp-noise-seed``) so that the table can be reproduced; a deployment keeps the default secret
+noise. Algorithms that refuse a kind of DP are skipped for it.
 
-    python simulations/dp_cost.py                                   # fedavg, fedrep; z = 1, 4; seeds 0 1 2
-    python simulations/dp_cost.py --algorithms fedavg --noise 0.5 2 --seeds 0
+    python simulations/dp_cost.py                          # fedavg, fedrep; client z = 1, 4; record z = 1, 2
+    python simulations/dp_cost.py --algorithms fedavg --noise 0.5 2 --record-noise 1 --seeds 0
 
 Writes ``<out>/dp_cost.json`` and ``<out>/dp_cost.md`` (default ``docs/benchmark/privacy``)
 after every cell; rerun, it reads finished runs instead of running them again.
@@ -27,6 +30,7 @@ from flwr_pfl.app.appdir import default_run_config
 from flwr_pfl.app.compare import run_configs, run_one
 from flwr_pfl.app.config import SIMULATED_CLIENTS, parse_experiment
 from flwr_pfl.app.results import read_status
+from flwr_pfl.errors import ConfigError
 from flwr_pfl.strategies.privacy import ClientLevelDP, PrivateAggregator
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -38,24 +42,38 @@ def planned_epsilon(noise: float, clip: float, delta: float, rounds: int, client
     return PrivateAggregator(ClientLevelDP(noise, clip, delta=delta), clients, clients).planned_epsilon(rounds, clients)
 
 
-def cell(base: dict[str, Any], algorithm: str, noise: float, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+def cell(base: dict[str, Any], algorithm: str, kind: str, noise: float, args: argparse.Namespace,
+         out: Path) -> dict[str, Any]:
+    """``kind``: "none", "client" (client-level DP) or "record" (DP-SGD)."""
     extra: dict[str, Any] = {}
-    if noise > 0:
+    if kind == "client":
         extra = {"dp-noise-multiplier": noise, "dp-clip-norm": args.clip, "dp-delta": args.delta}
-    label = "none" if noise == 0 else f"z={noise:g}"
-    finals, failed = [], 0
+    elif kind == "record":
+        extra = {"dp-record-noise-multiplier": noise, "dp-record-clip-norm": args.record_clip,
+                 "dp-record-delta": args.record_delta}
+    label = "none" if kind == "none" else f"{kind} z={noise:g}"
+    finals, failed, record_eps = [], 0, []
     for seed in args.seeds:
-        config = run_configs({**base, **extra, **({"dp-noise-seed": seed} if noise > 0 else {})}, [algorithm], [seed],
-                             out / "runs" / label)[algorithm][0]
+        config = run_configs({**base, **extra, **({"dp-noise-seed": seed} if kind != "none" else {})}, [algorithm],
+                             [seed], out / "runs" / label.replace(" ", "-"))[algorithm][0]
         rows = run_one(config, "inprocess", reuse=True)
         finals.append(rows[-1][KEY])
-        status = read_status(parse_experiment(config).output_path()) or {}
+        directory = parse_experiment(config).output_path()
+        status = read_status(directory) or {}
         failed += status.get("status") != "completed"
+        if kind == "record":
+            fits = [r for r in json.loads((directory / "metrics.json").read_text()) if r["phase"] == "fit"]
+            record_eps.append(max(r.get("dp_record_epsilon_max", 0.0) for r in fits))
     rounds = int(base["num-server-rounds"])
+    epsilon = None
+    if kind == "client":
+        epsilon = planned_epsilon(noise, args.clip, args.delta, rounds, SIMULATED_CLIENTS)
+    elif kind == "record":
+        epsilon = max(record_eps)
     return {
-        "algorithm": algorithm, "dp": label, "noise_multiplier": noise, "clip_norm": args.clip if noise else None,
-        "delta": args.delta if noise else None,
-        "epsilon": planned_epsilon(noise, args.clip, args.delta, rounds, SIMULATED_CLIENTS) if noise else None,
+        "algorithm": algorithm, "dp": label, "kind": kind, "noise_multiplier": noise,
+        "clip_norm": {"client": args.clip, "record": args.record_clip}.get(kind),
+        "delta": {"client": args.delta, "record": args.record_delta}.get(kind), "epsilon": epsilon,
         "seeds": list(args.seeds), "final_accuracy": finals, "failed_runs": failed,
         "mean": statistics.mean(finals), "std": statistics.stdev(finals) if len(finals) > 1 else 0.0,
     }
@@ -63,13 +81,16 @@ def cell(base: dict[str, Any], algorithm: str, noise: float, args: argparse.Name
 
 def table(cells: list[dict[str, Any]], args: argparse.Namespace, rounds: int) -> str:
     lines = [
-        "# Accuracy cost of client-level differential privacy (default experiment)",
+        "# Accuracy cost of differential privacy (default experiment)",
         "",
         f"Fashion-MNIST, Dirichlet(0.3), small CNN, {rounds} rounds, {SIMULATED_CLIENTS} clients, all sampled every round; "
-        f"clip norm {args.clip}, delta {args.delta}; seeds {', '.join(map(str, args.seeds))}. Final-round "
-        "example-weighted mean accuracy of the clients' own test splits (mean +- std over seeds). Epsilon: "
-        "the whole run, add-or-remove-one client, no amplification by sampling. A failed run is one the "
-        "suite judged failed (training diverged and ended at chance, or a round trained nothing).",
+        f"seeds {', '.join(map(str, args.seeds))}. Final-round example-weighted mean accuracy of the clients' own "
+        "test splits (mean +- std over seeds). *client*: client-level DP of the shared model (clip norm "
+        f"{args.clip}, delta {args.delta}; epsilon of the whole run, add-or-remove-one client, no amplification "
+        f"by sampling). *record*: DP-SGD in every client (clip norm {args.record_clip}, delta {args.record_delta}, "
+        "batch size 32, Poisson sampling; epsilon of the whole run, one record, the largest any client "
+        "reported). A failed run is one the suite judged failed (training diverged and ended at chance, or a "
+        "round trained nothing).",
         "",
         "| algorithm | DP | epsilon | accuracy | runs failed |",
         "|---|---|---|---|---|",
@@ -79,7 +100,8 @@ def table(cells: list[dict[str, Any]], args: argparse.Namespace, rounds: int) ->
         lines.append(f"| {c['algorithm']} | {c['dp']} | {eps} | {c['mean']:.4f} +- {c['std']:.4f} | "
                      f"{c['failed_runs']} of {len(c['seeds'])} |")
     lines += ["", "Command: `python simulations/dp_cost.py " + " ".join(
-        ["--algorithms", *args.algorithms, "--noise", *map(str, args.noise), "--seeds", *map(str, args.seeds)]) + "`", ""]
+        ["--algorithms", *args.algorithms, "--noise", *map(str, args.noise), "--record-noise",
+         *map(str, args.record_noise), "--seeds", *map(str, args.seeds)]) + "`", ""]
     return "\n".join(lines)
 
 
@@ -89,6 +111,10 @@ def main() -> None:
     parser.add_argument("--noise", nargs="+", type=float, default=[1.0, 4.0], help="noise multipliers (0 is always run)")
     parser.add_argument("--clip", type=float, default=0.5)
     parser.add_argument("--delta", type=float, default=1e-3)
+    parser.add_argument("--record-noise", nargs="*", type=float, default=[1.0, 2.0],
+                        help="DP-SGD noise multipliers (none: no record-level rows)")
+    parser.add_argument("--record-clip", type=float, default=1.0)
+    parser.add_argument("--record-delta", type=float, default=1e-4)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "benchmark" / "privacy")
     args = parser.parse_args()
@@ -97,8 +123,12 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     cells = []
     for algorithm in args.algorithms:
-        for noise in [0.0, *args.noise]:
-            cells.append(cell(base, algorithm, noise, args, args.out))
+        for kind, noise in [("none", 0.0), *(("client", z) for z in args.noise), *(("record", z) for z in args.record_noise)]:
+            try:
+                cells.append(cell(base, algorithm, kind, noise, args, args.out))
+            except ConfigError as err:  # the algorithm refuses this kind of DP
+                print(f"{algorithm} {kind}: refused: {err}", flush=True)
+                continue
             (args.out / "dp_cost.json").write_text(json.dumps(cells, indent=1) + "\n")
             (args.out / "dp_cost.md").write_text(table(cells, args, int(base["num-server-rounds"])))
             print(f"{algorithm} {cells[-1]['dp']}: {cells[-1]['mean']:.4f} +- {cells[-1]['std']:.4f}", flush=True)

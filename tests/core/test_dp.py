@@ -37,12 +37,14 @@ def test_clipping_scales_to_the_norm_and_keeps_the_direction():
     assert within and all(np.array_equal(a, b) for a, b in zip(same, update))
     with pytest.raises(ValueError, match="max_norm must be > 0"):
         clip_to_norm(update, 0.0)
+    low, _ = clip_to_norm([np.array([0.1, 0.2], np.float32)], 1.0)  # float64 out: sums do not round
+    assert low[0].dtype == np.float64
 
 
 def test_noise_std_is_z_c_over_m_as_in_flowers_helper():
     from flwr.supercore.differential_privacy import compute_stdv
 
-    for z, c, m in ((1.0, 1.0, 10), (0.7, 2.5, 3), (3.0, 0.1, 100)):
+    for z, c, m in ((1.0, 1.0, 10), (0.7, 2.5, 3), (3.0, 0.1, 100), (2.0, 0.5, 1)):
         assert noise_std(z, c, m) == pytest.approx(z * c / m)
         assert noise_std(z, c, m) == pytest.approx(compute_stdv(z, c, m))
 
@@ -106,17 +108,37 @@ def test_equal_to_flowers_server_side_fixed_clipping_on_a_case_they_share():
         np.testing.assert_allclose(got, g + m, rtol=1e-12, atol=1e-15)
 
 
+def test_the_noise_is_the_generators_own_draw_added_to_the_sum():
+    """Exactly (sum of clipped + rng.normal(0, z C, shape)) / m, for a given generator state:
+    the noise is added (not subtracted) and drawn once per array, in order."""
+    ups = updates(4)
+    mean, _ = private_mean(ups, 0.7, 1.3, 4, np.random.default_rng(9))
+    rng = np.random.default_rng(9)
+    clipped = [clip_to_norm(u, 0.7)[0] for u in ups]
+    for i, got in enumerate(mean):
+        total = sum(c[i] for c in clipped)
+        np.testing.assert_allclose(got, (total + rng.normal(0.0, 1.3 * 0.7, size=total.shape)) / 4, rtol=1e-12)
+
+
+def test_a_single_update_is_its_clipped_self_over_m():
+    mean, bits = private_mean([[np.array([3.0, 4.0])]], 1.0, 0.0, 2, np.random.default_rng(0))
+    np.testing.assert_allclose(mean[0], [0.3, 0.4])
+    assert bits == [False]
+
+
 def test_bad_inputs_are_refused():
-    with pytest.raises(ValueError, match="at least one update"):
+    with pytest.raises(ValueError, match="^private_mean needs at least one update$"):
         private_mean([], 1.0, 1.0, 3, np.random.default_rng(0))
     with pytest.raises(ValueError, match="4 updates for 3 sampled clients"):
         private_mean(updates(0, (1, 1, 1, 1)), 1.0, 1.0, 3, np.random.default_rng(0))
-    with pytest.raises(ValueError, match="do not share one layout"):
+    with pytest.raises(ValueError, match="^the updates do not share one layout$"):
         private_mean([[np.zeros(2)], [np.zeros(3)]], 1.0, 1.0, 3, np.random.default_rng(0))
     with pytest.raises(ValueError, match="noise_multiplier must be >= 0"):
         private_mean(updates(0), 1.0, -1.0, 3, np.random.default_rng(0))
     with pytest.raises(ValueError, match="num_sampled must be >= 1"):
         noise_std(1.0, 1.0, 0)
+    with pytest.raises(ValueError, match="^num_sampled must be >= 1, got 0$"):
+        noisy_unclipped_fraction([], 1.0, 0, np.random.default_rng(0))
 
 
 # ------------------------------------------------------------------------------ adaptive clipping
@@ -127,7 +149,7 @@ def test_the_update_noise_multiplier_of_theorem_1():
         z_u = update_noise_multiplier(z, sigma_b)
         assert z_u > z
         assert (z_u ** -2 + (2 * sigma_b) ** -2) ** -0.5 == pytest.approx(z)
-    with pytest.raises(ValueError, match="must exceed noise_multiplier / 2"):
+    with pytest.raises(ValueError, match=r"noise \(0.5\) must exceed noise_multiplier / 2 \(0.5\) for the updates"):
         update_noise_multiplier(1.0, 0.5)
     with pytest.raises(ValueError, match="noise_multiplier must be > 0"):
         update_noise_multiplier(0.0, 1.0)
@@ -138,6 +160,11 @@ def test_the_noiseless_unclipped_fraction_is_the_share_within_the_norm():
     assert noisy_unclipped_fraction([True, False, True, True], 0.0, 4, rng) == pytest.approx(0.75)
     # m counts every sampled client: the one that did not answer counts as half in, half out
     assert noisy_unclipped_fraction([True, True], 0.0, 3, rng) == pytest.approx((2 + 0.5) / 3)
+    assert noisy_unclipped_fraction([False], 0.0, 1, rng) == pytest.approx(0.0)
+    # the noise is the generator's draw, added to the centred count
+    draw = np.random.default_rng(4).normal(0.0, 0.7)
+    got = noisy_unclipped_fraction([True, False, True], 0.7, 3, np.random.default_rng(4))
+    assert got == pytest.approx((0.5 - 0.5 + 0.5 + draw) / 3 + 0.5)
 
 
 @pytest.mark.parametrize("seed", range(5))
