@@ -137,8 +137,6 @@ def test_bad_inputs_are_refused():
         private_mean(updates(0), 1.0, -1.0, 3, np.random.default_rng(0))
     with pytest.raises(ValueError, match="num_sampled must be >= 1"):
         noise_std(1.0, 1.0, 0)
-    with pytest.raises(ValueError, match="^num_sampled must be >= 1, got 0$"):
-        noisy_unclipped_fraction([], 1.0, 0, np.random.default_rng(0))
 
 
 # ------------------------------------------------------------------------------ adaptive clipping
@@ -161,6 +159,8 @@ def test_the_noiseless_unclipped_fraction_is_the_share_within_the_norm():
     # m counts every sampled client: the one that did not answer counts as half in, half out
     assert noisy_unclipped_fraction([True, True], 0.0, 3, rng) == pytest.approx((2 + 0.5) / 3)
     assert noisy_unclipped_fraction([False], 0.0, 1, rng) == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="^num_sampled must be >= 1, got 0$"):
+        noisy_unclipped_fraction([], 1.0, 0, rng)
     # the noise is the generator's draw, added to the centred count
     draw = np.random.default_rng(4).normal(0.0, 0.7)
     got = noisy_unclipped_fraction([True, False, True], 0.7, 3, np.random.default_rng(4))
