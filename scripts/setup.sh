@@ -12,7 +12,7 @@ if [ ! -x .venv/bin/python ]; then
   .venv/bin/pip install -q --upgrade pip
 fi
 # Installing torch and torchvision first, pinned, keeps pip from picking another CUDA build.
-if ! .venv/bin/python -c "import torch, torchvision, flwr, flwr_datasets, matplotlib, pytest, xdist, hypothesis, dp_accounting, flwr_pfl" 2>/dev/null; then
+if ! .venv/bin/python -c "import torch, torchvision, flwr, flwr_datasets, matplotlib, pytest, xdist, hypothesis, dp_accounting, tensorboard, mlflow, flwr_pfl" 2>/dev/null; then
   .venv/bin/pip install -q "torch==2.14.1" "torchvision==0.29.1"
   .venv/bin/pip install -q -e ".[test]"
 fi

@@ -54,7 +54,7 @@ SIGNATURE_ENTRY = "signature"
 #: and times out nodes (an operator resuming on a fleet that changed); none changes what is computed
 RESUMABLE_CHANGES = frozenset({
     "num-server-rounds", "resume", "output-dir", "run-name", "checkpoint-interval", "checkpoint-key-file",
-    "wait-timeout", "min-clients", "round-timeout", "server-workers", "api", "fail-on-no-training",
+    "wait-timeout", "min-clients", "round-timeout", "server-workers", "api", "fail-on-no-training", "tracking",
 })
 
 

@@ -336,12 +336,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--engine", choices=("inprocess", "ray"), default="inprocess")
     parser.add_argument("--reuse", action="store_true",
                         help="read runs that already finished with the same config instead of running them again")
+    parser.add_argument("--tracking", default="",
+                        help="experiment tracking of every run: tensorboard, mlflow (comma-separated; run key tracking); "
+                             "`tensorboard --logdir <out>/runs` shows the runs side by side")
     args = parser.parse_args(argv)
     logging.getLogger("flwr").setLevel(logging.WARNING)
     import torch
 
     torch.set_num_threads(1)
-    base = default_run_config(parse_overrides(args.run_config))
+    overrides = parse_overrides(args.run_config)
+    if args.tracking:
+        overrides["tracking"] = args.tracking
+    base = default_run_config(overrides)
     summary = compare(base, args.algorithms, args.seeds, args.out, args.engine, args.reuse)
     print(markdown(summary))
     failed = json.loads((args.out / "comparison.json").read_text())["failed"]

@@ -19,6 +19,7 @@ from typing import Any
 from flwr_pfl.app.keys import check_choice, flat_dict, keys_of, parse_options, parse_section, with_suggestions
 from flwr_pfl.app.registry import ALGORITHMS, get_algorithm
 from flwr_pfl.app.signing import read_key
+from flwr_pfl.app.tracking import parse_tracking
 from flwr_pfl.clients.base import TrainConfig
 from flwr_pfl.core.robust import DEFAULT_OUTLIER_RATIO
 from flwr_pfl.data.config import DataConfig
@@ -143,6 +144,10 @@ class RunConfig:
             to ``dp_record_clip_norm``, Gaussian noise; each client reports the epsilon it has
             spent at ``dp_record_delta`` (``dp_record_epsilon``). Algorithms whose clients
             compute anything else from their data refuse it. 0 = off.
+        tracking: experiment-tracking backends, comma-separated: ``tensorboard`` (event files
+            under ``<run>/tensorboard``), ``mlflow`` (``MLFLOW_TRACKING_URI``, default a local
+            store ``<run>/mlflow.db``); "" = none (:mod:`flwr_pfl.app.tracking`). Needs the
+            ``tracking`` extra on the server's host.
         The last five bound what one bad client can do (:class:`~flwr_pfl.strategies.base.PFLStrategy`);
         clipping and trimmed-mean apply to FedAvg, finetune, FedRep and FedPer only.
     """
@@ -193,6 +198,7 @@ class RunConfig:
     dp_record_noise_multiplier: float = 0.0
     dp_record_clip_norm: float = 1.0
     dp_record_delta: float = 1e-5
+    tracking: str = ""
     eval_every: int = 1
     api: str = "numpyclient"
     fail_on_no_training: bool = True
@@ -247,6 +253,7 @@ class RunConfig:
         check_choice("aggregate", self.aggregate, AGGREGATES)
         if not 0 <= self.trim_fraction < 0.5:
             raise ConfigError(f"trim-fraction={self.trim_fraction} is out of range; must be in [0, 0.5)")
+        parse_tracking(self.tracking, check_installed=False)
         if self.outlier_norm_ratio != 0 and not self.outlier_norm_ratio > 1:
             raise ConfigError(f"outlier-norm-ratio={self.outlier_norm_ratio} is out of range; must be > 1, or 0 (off)")
 

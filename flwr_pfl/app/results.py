@@ -35,6 +35,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import math
 import os
 import time
@@ -44,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from flwr_pfl.app.checkpoint import Checkpoint, remove_stale_temporaries, write_checkpoint
+from flwr_pfl.app.tracking import Progress, Tracker
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.strategies.base import SERVER_EVALUATE
 from flwr_pfl.strategies.validation import describe_failures
@@ -89,6 +91,7 @@ class ResultsWriter:
         num_classes: the classes of the task, for the chance level of :func:`divergence`
             (None: unknown, or not a classification).
         checkpoint_key: signs every checkpoint (:func:`~flwr_pfl.app.checkpoint.write_checkpoint`).
+        progress: logs a line with the round, its headline metric and an ETA as each round ends.
     """
 
     def __init__(
@@ -103,6 +106,7 @@ class ResultsWriter:
         fail_on_no_training: bool = True,
         num_classes: int | None = None,
         checkpoint_key: bytes | None = None,
+        progress: Progress | None = None,
     ) -> None:
         if checkpoint_interval < 1:
             raise ValueError(f"checkpoint_interval must be >= 1, got {checkpoint_interval}")
@@ -132,6 +136,17 @@ class ResultsWriter:
             elapsed = self._restore(resume_from)
         self.started = time.perf_counter() - elapsed
         _write_atomic(self.directory / "config.json", json.dumps(config, indent=2, sort_keys=True))
+        self.progress = progress
+        #: experiment-tracking backends (:meth:`track`)
+        self.trackers: list[Tracker] = []
+
+    def track(self, trackers: Sequence[Tracker]) -> None:
+        """Send the config, then every row recorded from now on with its per-client values, and
+        at the end the plots and the status, to ``trackers`` (:mod:`flwr_pfl.app.tracking`).
+        Attached once the run is set up, so that a run refused before training opens none."""
+        self.trackers = list(trackers)
+        for tracker in self.trackers:
+            tracker.log_config(self.config)
 
     # ------------------------------------------------------------------ resume
     def _restore(self, checkpoint: Checkpoint) -> float:
@@ -169,6 +184,8 @@ class ResultsWriter:
         self.timings.append(timing)
         _append(self.directory / METRICS_LOG, row)
         _append(self.directory / TIMINGS_LOG, timing)
+        for tracker in self.trackers:
+            tracker.log_round(server_round, phase, values, clients)
         if phase == "fit":
             spent = {pid: {k: values[k] for k in CLIENT_PRIVACY_KEYS if k in values} for pid, values in clients.items()}
             for pid, keys in spent.items():
@@ -200,6 +217,9 @@ class ResultsWriter:
 
     def end_round(self, server_round: int) -> None:
         """Called once a round (fit and evaluation) is over: write the checkpoint when due."""
+        if self.progress is not None:
+            latest = next((r for r in reversed(self.rows) if r["round"] == server_round and r["phase"] == "evaluate"), {})
+            logging.getLogger("flwr").info("%s", self.progress.line(server_round, latest))
         due = server_round % self.checkpoint_interval == 0 or server_round == self.last_round
         if self.state_fn is not None and due:
             for name in (METRICS_LOG, TIMINGS_LOG):  # the rows a checkpoint counts reach the disk first
@@ -262,8 +282,22 @@ class ResultsWriter:
         }
         _write_atomic(self.directory / STATUS_FILE, json.dumps(status, indent=1))
         _write_atomic(self.directory / "summary.txt", summary + "\n")
+        self.close_trackers()
         print(summary, flush=True)
         return summary
+
+    def close_trackers(self) -> None:
+        """Send the plots and the status to the trackers and close them; a tracker that fails
+        here is logged, not raised: the run's own results are written already."""
+        plots = [p for p in (self.directory / "learning_curves.png", self.directory / "domains.png") if p.exists()]
+        for tracker in self.trackers:
+            try:
+                tracker.log_images(plots)
+                tracker.close(self.status or "interrupted")
+            except Exception as err:  # noqa: BLE001 - a tracking backend must not lose the run
+                logging.getLogger("flwr").warning("experiment tracking: %s failed at the end of the run: %r",
+                                                  type(tracker).__name__, err)
+        self.trackers = []
 
     def _problems(self, verdict: Verdict) -> list[str]:
         """The verdict's findings in words, quoting the clients' errors recorded for the rounds

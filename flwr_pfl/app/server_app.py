@@ -21,6 +21,7 @@ from flwr_pfl.app.export import export_global_model, request_client_exports
 from flwr_pfl.app.flavours import RoundServer, flavour  # noqa: F401 - RoundServer stays importable here
 from flwr_pfl.app.nodes import resolve_num_clients
 from flwr_pfl.app.results import ResultsWriter, refuse_existing
+from flwr_pfl.app.tracking import Progress, build_trackers, parse_tracking
 from flwr_pfl.data.vision import VISION_SPECS
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.strategies.base import PFLStrategy
@@ -155,6 +156,7 @@ def run_server(grid: Grid, context: Context) -> ResultsWriter:
         fail_on_no_training=experiment.run.fail_on_no_training,
         num_classes=known_num_classes(experiment),
         checkpoint_key=experiment.run.checkpoint_key(),
+        progress=Progress(experiment.run.num_server_rounds, first_round=checkpoint.rounds_done + 1 if checkpoint else 1),
     )
     workers = server_workers(experiment, grid)
     strategy = build_strategy(experiment, writer, workers)
@@ -166,6 +168,7 @@ def run_server(grid: Grid, context: Context) -> ResultsWriter:
         log(INFO, "resuming %s from round %d (checkpoint %s)", output.name, checkpoint.rounds_done, output / CHECKPOINT_NAME)
         rounds -= checkpoint.rounds_done
     log(INFO, "flwr_pfl: %s, results in %s", experiment.algorithm.summary, output)
+    writer.track(build_trackers(parse_tracking(experiment.run.tracking), output, output.name))
     try:
         if rounds > 0:
             drive(grid, strategy, writer, workers, rounds, experiment.run.round_timeout_seconds)
@@ -174,6 +177,7 @@ def run_server(grid: Grid, context: Context) -> ResultsWriter:
         raise
     except BaseException:  # an interrupt: the rows so far as metrics.json/.csv, nothing more
         writer.export()
+        writer.close_trackers()
         raise
     writer.finish()
     export_global_model(grid, strategy, output, experiment.run.wait_timeout, node_proxy)
