@@ -33,3 +33,14 @@ class DivergedError(RuntimeError):
 
 class DataNotFoundError(FileNotFoundError):
     """A dataset is not on disk and could not be downloaded; the message says where it looked."""
+
+
+class MissingExtraError(ModuleNotFoundError):
+    """A feature needs a package that only an extra of ``flwr_pfl`` installs (the node install
+    is lean: ``pip install flwr_pfl`` holds what a deployed ServerApp and ClientApp need)."""
+
+
+def missing_extra(package: str, extra: str, what: str) -> MissingExtraError:
+    """The error for ``what`` needing ``package``, naming the extra that installs it."""
+    return MissingExtraError(f"{what} needs the package {package!r}, which is not installed: "
+                             f"pip install \"flwr_pfl[{extra}]\" (or flwr_pfl[all])", name=package)

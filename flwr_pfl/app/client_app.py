@@ -65,12 +65,14 @@ def check_federation_size(settings: NodeSettings, experiment: Experiment) -> Non
 def node_data(context: Context, settings: NodeSettings) -> ClientData:
     """The node's data (cached per run): its own files when its node config names them
     (:mod:`flwr_pfl.data.node_files`), else its slice of the run's dataset."""
-    from flwr_pfl.data.federated import load_client_data  # the data pipeline, on first use
-
     run = CACHE.run(context.run_id, context.run_config)
     config = run.experiment.data
     pid, num = settings.partition_id, settings.num_partitions
     if settings.data is None:
+        # the simulation's data pipeline (partitioners: extra [datasets]), imported on first use
+        # and only here: a node on its own files never needs it
+        from flwr_pfl.data.federated import load_client_data
+
         return run.client_data(pid, num, lambda: load_client_data(config, pid, num))
     spec, who = settings.data, node_label(context.node_id, context.node_config)
     return run.client_data(pid, num, lambda: load_node_data(

@@ -202,10 +202,7 @@ def markdown(summary: dict[str, dict[str, dict[str, float]]]) -> str:
 
 
 def plot(curves: dict[str, list[list[dict[str, Any]]]], path: Path, key: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from flwr_pfl.app.plots import plt
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for algorithm, runs in curves.items():

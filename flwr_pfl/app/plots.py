@@ -5,7 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+try:
+    import matplotlib
+except ModuleNotFoundError as err:
+    from flwr_pfl.errors import missing_extra
+
+    raise missing_extra("matplotlib", "plots", "plotting learning curves") from err
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

@@ -247,14 +247,10 @@ class ResultsWriter:
         """Export the rows, write the plots, judge the run (:func:`judge_run`), write
         ``summary.json`` and return (and print) the one-screen summary, whose first line says
         why a failed run failed; ``stopped``: the error that ended the run early."""
-        from flwr_pfl.app.plots import plot_domains, plot_learning_curves
-
         self.export()
         rows = self.evaluation_rows()
         if rows:
-            plot_learning_curves(rows, self.directory / "learning_curves.png", title=self._title())
-            if any(k.startswith("acc_d") for k in rows[-1]):
-                plot_domains(rows, self.directory / "domains.png", title=self._title())
+            self._plot(rows)
         self.verdict = verdict = judge_run(self.rows, self.num_classes)
         problems = self._problems(verdict)
         if stopped is not None:
@@ -285,6 +281,18 @@ class ResultsWriter:
         self.close_trackers()
         print(summary, flush=True)
         return summary
+
+    def _plot(self, rows: list[dict[str, Any]]) -> None:
+        """``learning_curves.png`` (and ``domains.png``); skipped with a warning where matplotlib
+        is not installed (a lean server install: the numbers are all in the other files)."""
+        try:
+            from flwr_pfl.app.plots import plot_domains, plot_learning_curves
+        except ModuleNotFoundError as err:
+            logging.getLogger("flwr").warning("no plots for this run: %s", err)
+            return
+        plot_learning_curves(rows, self.directory / "learning_curves.png", title=self._title())
+        if any(k.startswith("acc_d") for k in rows[-1]):
+            plot_domains(rows, self.directory / "domains.png", title=self._title())
 
     def close_trackers(self) -> None:
         """Send the plots and the status to the trackers and close them; a tracker that fails

@@ -58,6 +58,12 @@ def run_ray_simulation(
     ``gpus_per_client`` gives each simulated client that fraction of a GPU (scheduling only:
     it does not cap memory).
     """
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        from flwr_pfl.errors import missing_extra
+
+        raise missing_extra("ray", "simulation", "Flower's Ray simulation engine")
     from flwr.simulation import run_simulation
 
     from flwr_pfl.app.client_app import app as client_app

@@ -32,13 +32,19 @@ import numpy as np
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # before the first import of `datasets`
 
-import datasets  # noqa: E402
-from flwr_datasets.partitioner import (  # noqa: E402
-    DirichletPartitioner,
-    IidPartitioner,
-    Partitioner,
-    PathologicalPartitioner,
-)
+try:
+    import datasets
+    from flwr_datasets.partitioner import (
+        DirichletPartitioner,
+        IidPartitioner,
+        Partitioner,
+        PathologicalPartitioner,
+    )
+except ModuleNotFoundError as err:  # a node that trains on its own files never gets here
+    from flwr_pfl.errors import missing_extra
+
+    raise missing_extra(err.name or "flwr-datasets", "datasets",
+                        "partitioning a dataset among simulated clients (Flower Datasets' partitioners)") from err
 
 from flwr_pfl.data.config import DataConfig  # noqa: E402
 from flwr_pfl.data.sampling import apportion, stage_rng, stage_seed  # noqa: E402
