@@ -142,8 +142,8 @@ class PrivateSteps:
         self.batch_size = batch_size
         self.rate = min(1.0, batch_size / num_records)
         self.generator = torch.Generator()
-        self.generator.manual_seed(secrets.randbits(63) if settings.noise_seed is None else
-                                   hash((settings.noise_seed, seed)) & (2**63 - 1))
+        # a tuple's hash is a signed 64-bit integer, which manual_seed takes as it is
+        self.generator.manual_seed(secrets.randbits(63) if settings.noise_seed is None else hash((settings.noise_seed, seed)))
         self.steps = 0
 
     def steps_per_epoch(self) -> int:

@@ -21,7 +21,7 @@ from flwr_pfl.app.server_app import build_strategy
 from flwr_pfl.core.dp import private_mean
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.strategies import FedAvg, FedRep, PFedMe
-from flwr_pfl.strategies.privacy import ClientLevelDP
+from flwr_pfl.strategies.privacy import ClientLevelDP, PrivateAggregator
 
 from fakes import FakeProxy, fit_res
 
@@ -207,3 +207,54 @@ def test_a_run_records_the_privacy_spent_each_round(tmp_path, blobs_dataset):
     assert 0 < fit[0]["dp_epsilon"] < fit[1]["dp_epsilon"]
     assert fit[1]["dp_noise_std"] == pytest.approx(0.3 * 0.1 / 3)
     assert read_status(tmp_path / "run")["status"] == "completed"
+
+
+# ------------------------------------------------------------------------------ details the tool asked about
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"noise_multiplier": 0.0}, r"^dp-noise-multiplier=0.0: a noise multiplier of 0 adds no noise and gives no privacy; "
+                                r"use a value > 0 \(about 1 for a useful guarantee\), or leave client-level DP off "
+                                r"\(clip-update-norm bounds a client's pull without claiming privacy\)$"),
+    ({"clip_norm": 0.0}, r"^dp-clip-norm=0.0: client-level DP needs a clipping norm > 0 \(the sensitivity that the noise "
+                         r"is scaled to\)$"),
+    ({"delta": 0.25}, r"^dp-delta=0.25: delta must be in \(0, 1/num_clients = 0.2\); a delta of 0 has no finite epsilon "
+                      r"for the Gaussian mechanism, and one of 1/N or more allows releasing a client's data outright$"),
+    ({"max_epsilon": 0.0}, r"^dp-max-epsilon=0.0: must be > 0, or 0 for no limit$"),
+    ({"adaptive": True, "target_quantile": 0.0}, r"^dp-target-quantile=0.0: must be in \(0, 1\)$"),
+    ({"adaptive": True, "clip_learning_rate": 0.0}, r"^dp-clip-learning-rate=0.0: must be > 0$"),
+    ({"adaptive": True, "count_stddev": 0.5}, r"^dp-count-stddev=0.5: must exceed dp-noise-multiplier / 2 = 0.5 "
+                                              r"\(Andrew et al., Thm. 1\), or 0 for m / 20$"),
+    ({"adaptive": True, "count_stddev": 0.4}, r"^dp-count-stddev=0.4: must exceed"),
+])
+def test_each_bad_setting_gets_its_own_message(settings, message):
+    with pytest.raises(ConfigError, match=message):
+        ClientLevelDP(**({"noise_multiplier": 1.0, "clip_norm": 1.0} | settings)).check(5)
+
+
+def test_the_adaptive_count_refusal_names_the_numbers():
+    with pytest.raises(ConfigError, match=r"^adaptive clipping with 4 clients per round: the noise on the count of "
+                       r"unclipped updates \(dp-count-stddev, default clients / 20 = 0.2\) must exceed dp-noise-multiplier "
+                       r"/ 2 = 0.75 \(Andrew et al., Thm. 1\); set dp-count-stddev above it, or sample at least 16 clients "
+                       r"per round$"):
+        PrivateAggregator(ClientLevelDP(1.5, 1.0, adaptive=True), 10, 4)
+
+
+def test_nothing_released_is_nothing_spent_and_a_budget_may_be_spent_exactly():
+    aggregator = PrivateAggregator(ClientLevelDP(1.0, 1.0, delta=1e-3), 10, 10)
+    assert aggregator.epsilon() == 0.0 and aggregator.planned_epsilon(0, 10) == 0.0
+    planned = aggregator.planned_epsilon(3, 10)
+    PrivateAggregator(ClientLevelDP(1.0, 1.0, delta=1e-3, max_epsilon=planned), 10, 10).check_budget(3, 10)
+    with pytest.raises(ConfigError, match="more than dp-max-epsilon"):
+        PrivateAggregator(ClientLevelDP(1.0, 1.0, delta=1e-3, max_epsilon=planned * 0.999), 10, 10).check_budget(3, 10)
+
+
+def test_a_damaged_privacy_state_and_a_missing_accountant_are_named(monkeypatch):
+    import sys
+
+    aggregator = PrivateAggregator(ClientLevelDP(1.0, 1.0), 10, 10)
+    with pytest.raises(ConfigError, match=r"^the checkpoint's client-level DP state is unreadable \(KeyError\('releases'\)"
+                       r"\); it was not written by a run with client-level DP$"):
+        aggregator.load_state_dict({"clip_norm": 1.0})
+    monkeypatch.setitem(sys.modules, "dp_accounting", None)
+    with pytest.raises(ConfigError, match=r"^client-level DP accounts privacy with Flower's RDP accountant, which is not "
+                       r"installed \(.+\); pip install \"flwr_pfl\[privacy\]\""):
+        PrivateAggregator(ClientLevelDP(1.0, 1.0), 10, 10)

@@ -130,7 +130,7 @@ def test_the_accountant_with_every_record_in_every_batch_is_the_plain_gaussians(
     plain = PrivateAggregator(ClientLevelDP(2.0, 1.0, delta=1e-3), 10, 10).planned_epsilon(7, 10)
     # the same mechanism; this accountant's integer orders are a subset of Flower's grid, so its
     # bound is never tighter and within the grid's coarseness (one step more or less moves it 7 %)
-    assert plain <= account.epsilon(1e-3) <= 1.02 * plain
+    assert plain < account.epsilon(1e-3) <= 1.02 * plain  # strictly: the integer grid, as documented
 
 
 def test_subsampling_amplifies_and_more_steps_spend_more():
@@ -213,3 +213,96 @@ def test_models_with_running_statistics_are_refused():
 def test_bad_settings_are_refused(settings, message):
     with pytest.raises(ConfigError, match=message):
         RecordLevelDP(**settings)
+
+
+# ------------------------------------------------------------------------------ details the tool asked about
+def test_dropout_draws_a_mask_per_record():
+    """Identical records through a dropout layer in train mode get different gradients (each its
+    own mask); vmap's default randomness would refuse the dropout outright."""
+    torch.manual_seed(0)
+    m = EncoderHeadModel(nn.Sequential(nn.Linear(4, 64), nn.Dropout(0.5)), feature_dim=64, num_outputs=3).train()
+    x = torch.ones(6, 4)
+    grads, _ = per_record_gradients(m, list(m.parameters()), LOSS, x, torch.zeros(6, dtype=torch.long),
+                                    torch.zeros(6, dtype=torch.long))
+    assert not torch.equal(grads[0][0], grads[0][1])
+
+
+def test_the_noise_is_the_generators_draw_added_to_the_clipped_sum():
+    m, data = model(), blobs(5)
+    params = list(m.parameters())
+    private = steps(40, 10, z=0.7, clip=0.3, seed=2)
+    state = private.generator.get_state()
+    noisy, _ = private.gradients(m, params, LOSS, (data.x, data.y, data.domain))
+    clean, _ = steps(40, 10, z=1e-300, clip=0.3).gradients(m, params, LOSS, (data.x, data.y, data.domain))
+    replay = torch.Generator()
+    replay.set_state(state)
+    for got, c, p in zip(noisy, clean, params):
+        expected = c + 0.7 * 0.3 * torch.randn(p.shape, generator=replay) / 10
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-7)
+
+
+def test_seeds_give_distinct_repeatable_streams_and_secret_ones_never_repeat():
+    firsts = [torch.rand(4, generator=steps(10, 5, seed=s).generator) for s in range(50)]
+    assert len({tuple(f.tolist()) for f in firsts}) == 50
+    assert torch.equal(torch.rand(4, generator=steps(10, 5, seed=7).generator),
+                       torch.rand(4, generator=steps(10, 5, seed=7).generator))
+    assert not torch.equal(torch.rand(4, generator=steps(10, 5, seed=None).generator),
+                           torch.rand(4, generator=steps(10, 5, seed=None).generator))
+
+
+def test_poisson_batches_come_from_the_steps_own_generator_and_may_be_empty():
+    data = blobs(50)
+    loader = data.loader(batch_size=1, shuffle=False)
+
+    def sizes() -> list[int]:
+        torch.manual_seed(int(torch.randint(0, 1000, (1,))))  # the global generator moves between runs
+        return [0 if b is None else len(b[0]) for b in steps(50, 1, seed=3).batches(loader, epochs=1)]
+
+    first, second = sizes(), sizes()
+    assert first == second and 0 in first  # q = 0.02: an empty batch (None) is near certain in 50 steps
+
+
+def test_a_batch_larger_than_the_data_takes_every_record_and_no_records_is_refused():
+    assert steps(5, 10).rate == 1.0
+    assert steps(1, 1).rate == 1.0
+    with pytest.raises(ConfigError, match="^record-level DP needs at least one training record$"):
+        steps(0, 10)
+
+
+def test_the_messages_name_the_setting_the_modules_and_the_way_out():
+    with pytest.raises(ConfigError, match=r"^record-level DP \(DP-SGD\) needs per-record gradients, but the model has "
+                       r"BatchNorm-like modules with running statistics \(0, 1, 2, \.\.\.\): a record's output depends on "
+                       r"its batch and the statistics would leave unnoised; use a model without them \(mlp, cnn, "
+                       r"resnet18-gn\)$"):
+        check_model(nn.Sequential(*[nn.BatchNorm1d(2) for _ in range(4)]))
+    with pytest.raises(ConfigError, match=r"^node 3: .*running statistics \(0, 1, 2\): "):
+        check_model(nn.Sequential(*[nn.BatchNorm1d(2) for _ in range(3)]), "node 3")
+    with pytest.raises(ConfigError, match=r"^dp-record-noise-multiplier=0.0: DP-SGD needs noise > 0 \(0 turns "
+                       r"record-level DP off\)$"):
+        RecordLevelDP(0.0)
+    with pytest.raises(ConfigError, match=r"^dp-record-delta=1.0: delta must be in \(0, 1\) and below 1/n for a client "
+                       r"of n records \(0 has no finite epsilon\)$"):
+        RecordLevelDP(1.0, delta=1.0)
+
+
+def test_without_dp_accounting_the_accountant_names_the_extra(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "dp_accounting", None)
+    account = StepAccount()
+    account.add(0.1, 1.0, 3)
+    with pytest.raises(ConfigError, match=r"^record-level DP accounts privacy with dp-accounting, which is not installed "
+                       r"\(.+\); pip install \"flwr_pfl\[privacy\]\""):
+        account.epsilon(1e-5)
+
+
+def test_a_record_with_a_vanishing_gradient_adds_nothing():
+    """Gradients of norm ~1e-14 are far within the clipping norm: the step is their sum, not a
+    division by a norm near zero."""
+    m, data = model(), blobs(4)
+
+    def tiny(model_, x, y, d):
+        return LOSS(model_, x, y, d) * 1e-14
+
+    noisy, _ = steps(40, 10, z=1e-300, clip=1.0).gradients(m, list(m.parameters()), tiny, (data.x, data.y, data.domain))
+    assert math.sqrt(sum(float(g.pow(2).sum()) for g in noisy)) < 1e-13
