@@ -50,7 +50,7 @@ from flwr_pfl.errors import ConfigError, DivergedError, NumRoundsRequired, Reply
 from flwr_pfl.strategies import hooks
 from flwr_pfl.strategies.decode import decode_arrays
 from flwr_pfl.strategies.privacy import ClientLevelDP, PrivateAggregator
-from flwr_pfl.strategies.sampling import PARTITION_QUERY, in_partition_order, sample_indices, sampling_rng
+from flwr_pfl.strategies.sampling import PARTITION_QUERY, in_partition_order, sample_indices, sample_size, sampling_rng
 from flwr_pfl.strategies.validation import ClientReply, Scalar, check_arrays
 
 NDArrays = list[np.ndarray]
@@ -286,7 +286,7 @@ class PFLStrategy(FedAvg):
         self.eval_every = eval_every
         self.round_timeout = round_timeout
         #: client-level DP of the aggregate (None: off)
-        planned = min(max(int(num_clients * fraction_fit), min_fit_clients), num_clients)  # clients per round
+        planned = sample_size(num_clients, fraction_fit, min_fit_clients)  # clients per round
         self.private = None if client_dp is None else PrivateAggregator(client_dp, num_clients, planned)
         self._dp_metrics: dict[str, float] = {}
         if client_dp is not None and client_dp.max_epsilon is not None:
@@ -485,7 +485,7 @@ class PFLStrategy(FedAvg):
                 "skipped (lower %s to go on with fewer clients)", self.run_round(server_round), stage, available,
                 what, least, stage, what)
             return []
-        size = min(max(int(available * fraction), least), available)
+        size = sample_size(available, fraction, least)
         if size >= available and not self.needs_partition_ids:
             clients = list(client_manager.all().values())  # everyone: no need to know who is who
             sampled = sorted(clients, key=lambda p: (self.partition_of.get(p.cid, -1), p.cid))

@@ -27,6 +27,12 @@ def sampling_rng(seed: int, stage: str, server_round: int) -> np.random.Generato
     return stage_rng(seed, f"client-sampling/{stage}", server_round)
 
 
+def sample_size(available: int, fraction: float, least: int) -> int:
+    """Clients a round samples of ``available`` connected ones: ``fraction`` of them, at least
+    ``least``, at most all (Flower's FedAvg rule)."""
+    return min(max(int(available * fraction), least), available)
+
+
 def sample_indices(num_clients: int, size: int, rng: np.random.Generator) -> np.ndarray:
     """``size`` distinct indices of ``num_clients``, sorted (all of them when size >= num_clients)."""
     if size >= num_clients:
