@@ -96,9 +96,6 @@ class FedAMP(PFLStrategy):
         self.mask: list[bool] | None = None
         #: partition id -> xi_ii of the u_i sent to it this round
         self._self_weights: dict[int, float] = {}
-        #: partitions whose reply was accepted in round ``_checked_round`` (one reply each)
-        self._accepted: set[int] = set()
-        self._checked_round: int | None = None
 
     # ---------------------------------------------------------------- server state
     def ensure_models(self) -> list[np.ndarray]:
@@ -173,14 +170,9 @@ class FedAMP(PFLStrategy):
         except (TypeError, ValueError):
             pid = -1
         who = f"client {proxy.cid} (partition {pid})"
-        if known is None or pid != known or not 0 <= pid < self.num_clients:
-            raise ReplyError(f"{who}: partition_id {res.metrics.get('partition_id')!r} is not the partition {known} it "
-                             f"was sent a cloud model for (must be in [0, {self.num_clients}))")
-        if self._checked_round != server_round:
-            self._checked_round, self._accepted = server_round, set()
-        if pid in self._accepted:
-            raise ReplyError(f"{who}: a second reply for partition {pid} in round {server_round}")
-        reply = super().check_reply(server_round, proxy, res)
+        if known is None:  # the partition's range and a node's one partition: the base's check_partition
+            raise ReplyError(f"{who}: this node was sent no cloud model (it is not a known partition of the round)")
+        reply = super().check_reply(server_round, proxy, res)  # a second reply per partition: check_unclaimed
         models = self.ensure_models()
         for i, (array, stack) in enumerate(zip(reply.arrays, models)):
             if np.issubdtype(array.dtype, np.floating) != np.issubdtype(stack.dtype, np.floating):
@@ -194,7 +186,6 @@ class FedAMP(PFLStrategy):
         if self.mask is not None and flags != self.mask:
             raise ReplyError(f"{who}: the parameter mask {flags} is not the federation's {self.mask}")
         self.mask = flags  # the first accepted reply sets it; the others must agree
-        self._accepted.add(pid)
         return reply
 
     def aggregate_replies(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
