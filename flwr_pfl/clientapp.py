@@ -10,6 +10,7 @@ what a client trains, keeps and replies is one copy of code in both flavours.
 Example (the user's own model and data)::
 
     from flwr.clientapp import ClientApp
+from flwr.clientapp.typing import Mod
     from flwr_pfl.clientapp import register_handlers
     from flwr_pfl.clients import FedRepClient
 
@@ -38,11 +39,12 @@ Flower's error reply, which the server counts as a failure.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.clientapp.typing import Mod
 from flwr.common import NDArrays, Scalar
 
 from flwr_pfl import messages
@@ -101,7 +103,11 @@ def parameters_reply(client: MessageClient, message: Message) -> Message:
     return Message(RecordDict({messages.ARRAYS: messages.pack_arrays(client.get_parameters(config), array_names(client))}), reply_to=message)
 
 
-def register_handlers(app: ClientApp, build: BuildClient) -> ClientApp:
+#: the handlers :func:`register_handlers` registers (the keys of its ``mods``)
+HANDLERS = ("train", "evaluate", "query", "query.parameters")
+
+
+def register_handlers(app: ClientApp, build: BuildClient, mods: Mapping[str, Sequence[Mod]] | None = None) -> ClientApp:
     """Register the ``train``, ``evaluate``, ``query`` and ``query.parameters`` handlers of ``build``'s client on
     ``app`` (a ``ClientApp`` created without ``client_fn``) and return ``app``.
 
@@ -109,21 +115,36 @@ def register_handlers(app: ClientApp, build: BuildClient) -> ClientApp:
         app: the user's ClientApp.
         build: makes the node's client for one message from the node's Context (it is called
             once per message; the client reads its personal part from ``context.state``).
-    """
+        mods: Flower mods for one handler only, by handler name (:data:`HANDLERS`), e.g.
+            ``{"train": [fixedclipping_mod]}``: a mod that expects a training reply (Flower's
+            clipping mods) then never sees the suite's ``query`` messages. They run inside the
+            ClientApp's own mods, as Flower's ``@app.train(mods=...)`` does.
 
-    @app.train()
+    Raises:
+        ValueError: a key of ``mods`` that is not a handler.
+    """
+    mods = dict(mods or {})
+    unknown = sorted(set(mods) - set(HANDLERS))
+    if unknown:
+        raise ValueError(f"register_handlers: mods for {', '.join(map(repr, unknown))}, which are not handlers; "
+                         f"the handlers are {', '.join(map(repr, HANDLERS))}")
+
+    def handler_mods(name: str) -> list[Mod]:
+        return list(mods.get(name, ()))
+
+    @app.train(mods=handler_mods("train"))
     def train(message: Message, context: Context) -> Message:
         return train_reply(build(context), message)
 
-    @app.evaluate()
+    @app.evaluate(mods=handler_mods("evaluate"))
     def evaluate(message: Message, context: Context) -> Message:
         return evaluate_reply(build(context), message)
 
-    @app.query()
+    @app.query(mods=handler_mods("query"))
     def query(message: Message, context: Context) -> Message:
         return query_reply(build(context), message)
 
-    @app.query("parameters")
+    @app.query("parameters", mods=handler_mods("query.parameters"))
     def parameters(message: Message, context: Context) -> Message:
         return parameters_reply(build(context), message)
 

@@ -12,7 +12,9 @@ Flower calls the app once per message. What does not change between messages (th
 config, the node's data, an initialised model) is built once per process and reused
 (:mod:`flwr_pfl.app.client_cache`); a reused model is reset to its freshly built state, so every
 message computes exactly what it would with everything built anew. A node given ``state-dir`` in
-its node config keeps its ``context.state`` on disk too (:mod:`flwr_pfl.app.node_state`).
+its node config keeps its ``context.state`` on disk too (:mod:`flwr_pfl.app.node_state`). In a
+run with ``secure-aggregation``, Flower's ``secaggplus_mod`` masks the train replies
+(:func:`~flwr_pfl.app.secagg.secagg_client_mod`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from flwr_pfl.app.nodes import DESCRIBE_DATA, NODE_ERROR, data_answer
 from flwr_pfl.clients.base import NUM_PARTITIONS, Config, LocalData, PFLClient
 from flwr_pfl.data.node_files import class_names, load_node_data
 from flwr_pfl.app.node_state import persisted, rounds_mod
+from flwr_pfl.app.secagg import secagg_client_mod
 from flwr_pfl.data.types import ClientData
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.models import EncoderHeadModel, build_model
@@ -160,7 +163,7 @@ def dispatch(message: Message, context: Context, call_next: ClientAppCallable) -
     return message_app(message, context) if is_message_api(message) else call_next(message, context)
 
 
-app = ClientApp(client_fn=client_fn, mods=[rounds_mod, dispatch])
+app = ClientApp(client_fn=client_fn, mods=[rounds_mod, secagg_client_mod, dispatch])
 
 
 @app.lifespan()

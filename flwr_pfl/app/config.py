@@ -18,6 +18,7 @@ from typing import Any
 
 from flwr_pfl.app.keys import check_choice, flat_dict, keys_of, parse_options, parse_section, with_suggestions
 from flwr_pfl.app.registry import ALGORITHMS, get_algorithm
+from flwr_pfl.app.secagg import SECURE_AGGREGATIONS, SecureAggregation
 from flwr_pfl.app.signing import read_key
 from flwr_pfl.app.tracking import parse_tracking
 from flwr_pfl.clients.base import TrainConfig
@@ -144,6 +145,13 @@ class RunConfig:
             to ``dp_record_clip_norm``, Gaussian noise; each client reports the epsilon it has
             spent at ``dp_record_delta`` (``dp_record_epsilon``). Algorithms whose clients
             compute anything else from their data refuse it. 0 = off.
+        secure_aggregation: ``secagg+`` sums the fit replies with Flower's SecAgg+ protocol, so
+            that the server sees only their example-weighted mean (:mod:`flwr_pfl.app.secagg`;
+            ``api = "numpyclient"``, the algorithms whose aggregate is that mean); ``off``
+            (default) sends each reply in the clear. ``secagg_num_shares``,
+            ``secagg_threshold``, ``secagg_clipping_range``, ``secagg_quantization_range`` and
+            ``secagg_max_weight`` are the protocol's settings
+            (:class:`~flwr_pfl.app.secagg.SecureAggregation`).
         tracking: experiment-tracking backends, comma-separated: ``tensorboard`` (event files
             under ``<run>/tensorboard``), ``mlflow`` (``MLFLOW_TRACKING_URI``, default a local
             store ``<run>/mlflow.db``); "" = none (:mod:`flwr_pfl.app.tracking`). Needs the
@@ -198,6 +206,12 @@ class RunConfig:
     dp_record_noise_multiplier: float = 0.0
     dp_record_clip_norm: float = 1.0
     dp_record_delta: float = 1e-5
+    secure_aggregation: str = "off"
+    secagg_num_shares: float = 1.0
+    secagg_threshold: float = 0.5
+    secagg_clipping_range: float = 8.0
+    secagg_quantization_range: int = 1 << 22
+    secagg_max_weight: float = 1000.0
     tracking: str = ""
     eval_every: int = 1
     api: str = "numpyclient"
@@ -242,6 +256,7 @@ class RunConfig:
             raise ConfigError("output-dir must not be empty")
         check_run_name(self.run_name)
         check_choice("api", self.api, APIS)
+        self.secagg  # validates the secure-aggregation keys
         check_choice("frozen-norm", self.frozen_norm, FROZEN_NORMS)
         if self.resume and not self.run_name:
             raise ConfigError("resume=true needs run-name: the name of the run to continue under output-dir")
@@ -267,6 +282,7 @@ class RunConfig:
             "trim_fraction": self.trim_fraction,
             "outlier_norm_ratio": self.outlier_norm_ratio or None,
             "client_dp": self.client_dp,
+            "secure_aggregation": self.secure_aggregation != "off",
         }
 
     @property
@@ -288,6 +304,26 @@ class RunConfig:
             max_epsilon=self.dp_max_epsilon or None,
             noise_seed=None if self.dp_noise_seed == -1 else self.dp_noise_seed,
         )
+
+    @property
+    def secagg(self) -> SecureAggregation | None:
+        """The ``secagg-*`` keys as SecAgg+ settings; None when ``secure-aggregation = "off"``
+        (a ``secagg-*`` key set then is refused: it would look secure and is not)."""
+        check_choice("secure-aggregation", self.secure_aggregation, SECURE_AGGREGATIONS)
+        defaults = RunConfig.__dataclass_fields__
+        changed = sorted(f"{name.replace('_', '-')}={getattr(self, name)}" for name in defaults
+                         if name.startswith("secagg_") and getattr(self, name) != defaults[name].default)
+        if self.secure_aggregation == "off":
+            if changed:
+                raise ConfigError(f"{', '.join(changed)} set with secure-aggregation='off': the replies would be sent "
+                                  "in the clear; set secure-aggregation='secagg+', or drop those keys")
+            return None
+        if self.api != "numpyclient":
+            raise ConfigError(f"secure-aggregation={self.secure_aggregation!r} needs api='numpyclient': Flower's SecAgg+ "
+                              f"runs on its legacy workflow only, not api={self.api!r}")
+        return SecureAggregation(num_shares=self.secagg_num_shares, threshold=self.secagg_threshold,
+                                 clipping_range=self.secagg_clipping_range,
+                                 quantization_range=self.secagg_quantization_range, max_weight=self.secagg_max_weight)
 
     @property
     def record_dp(self) -> RecordLevelDP | None:

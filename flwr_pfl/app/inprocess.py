@@ -10,6 +10,7 @@ the ``grid.run`` attribute read by the legacy server loop); the real-engine test
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 import types
@@ -79,12 +80,13 @@ class InProcessGrid(Grid):
         for message in messages:
             message_id = str(uuid4())
             message.metadata.__dict__["_message_id"] = message_id
+            delivered = copy.deepcopy(message)  # the node's own copy, as over the wire
             self.bytes_sent += _array_bytes(message.content)
             start = time.perf_counter()
             try:
-                reply = self._app(message, self.contexts[message.metadata.dst_node_id])
+                reply = self._app(delivered, self.contexts[message.metadata.dst_node_id])
             except Exception as err:  # the engine turns ClientApp exceptions into error replies
-                reply = Message(Error(code=0, reason=f"{type(err).__name__}: {err}"), reply_to=message)
+                reply = Message(Error(code=0, reason=f"{type(err).__name__}: {err}"), reply_to=delivered)
             self.client_seconds += time.perf_counter() - start
             if not reply.has_error():
                 self.bytes_received += _array_bytes(reply.content)

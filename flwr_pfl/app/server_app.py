@@ -21,10 +21,12 @@ from flwr_pfl.app.export import export_global_model, request_client_exports
 from flwr_pfl.app.flavours import RoundServer, flavour  # noqa: F401 - RoundServer stays importable here
 from flwr_pfl.app.nodes import resolve_num_clients
 from flwr_pfl.app.results import ResultsWriter, refuse_existing
+from flwr_pfl.app.secagg import secure_driver
 from flwr_pfl.app.tracking import Progress, build_trackers, parse_tracking
 from flwr_pfl.data.vision import VISION_SPECS
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.strategies.base import PFLStrategy
+from flwr_pfl.strategies.sampling import sample_size
 from flwr_pfl.training import seed_everything, set_num_threads
 
 
@@ -132,6 +134,10 @@ def run_server(grid: Grid, context: Context) -> ResultsWriter:
                                       wanted=experiment.run.min_clients, workers=server_workers(experiment, grid),
                                       proxy=node_proxy)
     experiment = experiment.with_num_clients(num_clients)
+    secagg = experiment.run.secagg
+    if secagg is not None:  # Flower's SecAgg+ workflow drives the rounds instead
+        secagg.check_sampled(sample_size(num_clients, experiment.run.fraction_fit, 1))
+        drive = secure_driver(secagg)
     seed_everything(experiment.run.seed)
     # The server's own tensor work (FEDORA's propagation GEMM, FedDAR-SA's solves) uses the
     # clients' thread count: a matrix product's rounding depends on how it is split across

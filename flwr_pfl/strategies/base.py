@@ -157,6 +157,13 @@ class PFLStrategy(FedAvg):
             200 rounds, FEDORA's 500) evaluate once at the end or every 10 rounds in the
             papers; a fine-tuning baseline's evaluation trains, so every round costs more
             than the training itself. Server-side ``evaluate_fn`` is not affected.
+        client_dp: client-level differential privacy of the aggregate (None: off;
+            :class:`~flwr_pfl.strategies.privacy.ClientLevelDP`).
+        secure_aggregation: the fit replies come through SecAgg+ (:mod:`flwr_pfl.app.secagg`):
+            every reply carries the example-weighted mean of the clients' arrays, which becomes
+            the new global arrays as it is. No single update can be seen, so the outlier screen
+            does not run (the aggregate's divergence check does) and a rejected reply makes the
+            round unusable (its arrays are inside the sum): the global model stays unchanged.
 
     ``clip_update_norm`` and ``"trimmed-mean"`` apply to algorithms whose replies are the global
     arrays trained further and whose aggregation is this class's weighted mean (FedAvg, Local,
@@ -219,6 +226,7 @@ class PFLStrategy(FedAvg):
         eval_every: int = 1,
         outlier_norm_ratio: float | None = DEFAULT_OUTLIER_RATIO,
         client_dp: ClientLevelDP | None = None,
+        secure_aggregation: bool = False,
     ) -> None:
         if num_clients < 1:
             raise ValueError(f"num_clients must be >= 1, got {num_clients}")
@@ -247,6 +255,10 @@ class PFLStrategy(FedAvg):
         self._round_configs: dict[str, tuple[int, dict[str, Scalar]]] = {}  # hook -> (round, its dict)
         self.reported_config_keys: set[str] = set()  # user config keys already reported as unread by the clients
         self._check_bounds(clip_update_norm, max_examples, aggregate, trim_fraction, client_dp)
+        self._check_secure(secure_aggregation, clip_update_norm, aggregate, client_dp)
+        #: the fit replies arrive summed by SecAgg+ (:mod:`flwr_pfl.app.secagg`): each carries
+        #: the aggregate, none a client's own arrays
+        self.secure_aggregation = secure_aggregation
         self.clip_update_norm = clip_update_norm
         self.max_examples = max_examples
         self.aggregate = aggregate
@@ -331,6 +343,22 @@ class PFLStrategy(FedAvg):
         if client_dp is not None and len(asked) > 1:
             raise ConfigError(f"{name}: client-level DP clips every update itself (dp-clip-norm) and averages them "
                               f"uniformly; it cannot be combined with {' or '.join(asked[:-1])}")
+
+    def _check_secure(self, secure: bool, clip: float | None, aggregate: str, client_dp: ClientLevelDP | None) -> None:
+        """ConfigError where secure aggregation cannot give this algorithm's aggregate, or is
+        combined with a bound that needs each client's update."""
+        if not secure:
+            return
+        name = type(self).__name__
+        refusal = self.robust_refusal or self._default_refusal()
+        if refusal:
+            raise ConfigError(f"{name}: secure-aggregation cannot be used: {refusal}; SecAgg+ gives the server only the "
+                              "example-weighted mean of the fit replies")
+        asked = [what for what, on in (("clip-update-norm", clip is not None), ("aggregate='trimmed-mean'", aggregate != "mean"),
+                                       ("client-level DP (dp-noise-multiplier)", client_dp is not None)) if on]
+        if asked:
+            raise ConfigError(f"{name}: secure-aggregation hides each client's update from the server, so "
+                              f"{' and '.join(asked)}, which the server applies to each update, cannot be combined with it")
 
     @classmethod
     def _default_refusal(cls) -> str:
@@ -634,7 +662,9 @@ class PFLStrategy(FedAvg):
         partition_id = self.check_partition(proxy.cid, res.metrics.get("partition_id", -1))
         who = f"{proxy.cid} (partition {partition_id})"
         arrays = decode_arrays(res.parameters)
-        check_arrays(who, arrays, self.expected_shapes(server_round), res.num_examples, self.expected_dtypes(server_round))
+        # securely aggregated replies carry the protocol's float64 sum, cast back in aggregate_replies
+        dtypes = None if self.secure_aggregation else self.expected_dtypes(server_round)
+        check_arrays(who, arrays, self.expected_shapes(server_round), res.num_examples, dtypes)
         if partition_id >= 0:
             self.partition_of[proxy.cid] = partition_id
         return ClientReply(proxy.cid, partition_id, res.num_examples, arrays, dict(res.metrics))
@@ -667,6 +697,8 @@ class PFLStrategy(FedAvg):
         with client-level DP, :meth:`private_aggregate`)."""
         if not replies[0].arrays:
             return []
+        if self.secure_aggregation:
+            return securely_summed(replies, self.global_arrays)
         if self.private is not None:
             return self.private_aggregate(server_round, replies)
         if self.aggregate == "trimmed-mean":
@@ -715,6 +747,13 @@ class PFLStrategy(FedAvg):
                 log(WARNING, "round %d: rejected a fit reply: %s", self.run_round(server_round), err)
                 failures.append((proxy, res))
                 rejected += 1
+        if self.secure_aggregation and rejected:
+            log(WARNING, "round %d: %d securely aggregated fit replies were rejected, but their arrays are inside the sum "
+                "and cannot be taken out of it: the round is not aggregated; the global model is unchanged",
+                self.run_round(server_round), rejected)
+            metrics = {"num_failures": float(len(failures)), "num_rejected": float(rejected)}
+            self._notify(server_round, "fit", metrics, {})
+            return None, metrics
         for index in reversed(self.screen_outliers(server_round, replies)):
             failures.append(kept.pop(index))
             replies.pop(index)
@@ -752,8 +791,8 @@ class PFLStrategy(FedAvg):
         """Indices (ascending) of the replies whose norm is absurd next to the others'
         (``outlier_norm_ratio``, :func:`~flwr_pfl.core.robust.magnitude_outliers`), each logged
         as rejected; the accepted ones' upper median becomes the next round's reference."""
-        if self.outlier_norm_ratio is None or not replies:
-            return []
+        if self.outlier_norm_ratio is None or not replies or self.secure_aggregation:
+            return []  # securely aggregated replies all carry the sum: no one client's norm to screen
         norms = [reply_norm(r.arrays) for r in replies]
         outliers = magnitude_outliers(norms, self.outlier_norm_ratio, self.norm_reference)
         for i in outliers:
@@ -951,6 +990,24 @@ class PFLStrategy(FedAvg):
                         "does not match the model; resume with the model it was written with"
                     )
         return arrays
+
+
+def securely_summed(replies: list[ClientReply], previous: NDArrays | None) -> NDArrays:
+    """The aggregate that SecAgg+ put into every reply (the example-weighted mean of the
+    clients' arrays, dequantized as float64), in the dtypes of the ``previous`` global arrays
+    (integer arrays rounded).
+
+    Raises:
+        RuntimeError: when the replies do not all carry one aggregate (they did not come
+            through the protocol, whose result this reads).
+    """
+    arrays = replies[0].arrays
+    for reply in replies[1:]:
+        if len(reply.arrays) != len(arrays) or not all(np.array_equal(a, b) for a, b in zip(reply.arrays, arrays)):
+            raise RuntimeError("secure aggregation: the fit replies do not all carry the same aggregate; they did not "
+                               "come through the SecAgg+ protocol (run them with secure-aggregation='off')")
+    dtypes = [np.asarray(g).dtype for g in previous] if previous is not None else [a.dtype for a in arrays]
+    return [np.rint(a).astype(d) if not np.issubdtype(d, np.floating) else a.astype(d) for a, d in zip(arrays, dtypes)]
 
 
 def check_unclaimed(cid: str, reported: Any, claimed: set[int]) -> None:

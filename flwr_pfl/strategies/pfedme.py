@@ -59,6 +59,9 @@ class PFedMe(PFLStrategy):
             raise ConfigError(f"PFedMe: weighting (pfedme.weighting) = {weighting!r} is not allowed; choose one of "
                               f"{', '.join(map(repr, WEIGHTINGS))}")
         super().__init__(**kwargs)
+        if weighting == "uniform" and self.secure_aggregation:
+            raise ConfigError("PFedMe: pfedme.weighting='uniform' cannot be used with secure-aggregation: SecAgg+ "
+                              "weights every reply by its number of examples; use pfedme.weighting='examples'")
         self.beta = float(beta)
         self.weighting = weighting
 

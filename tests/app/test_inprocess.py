@@ -145,3 +145,28 @@ def test_runs_are_reproducible_under_a_seed(tmp_path, blobs_dataset):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
     losses = {run: [r["loss_wmean"] for r in read_rows(tmp_path, run) if r["phase"] == "evaluate"] for run in "ac"}
     assert len(losses["a"]) == 3 and losses["a"] != losses["c"]
+
+
+def test_each_node_gets_its_own_copy_of_a_message():
+    """A mod that edits the message it receives (Flower's secaggplus_mod pops its stage key)
+    cannot change what the next node receives when the server sends one content object to
+    many nodes, as over the wire."""
+    from flwr.app import ConfigRecord, Message, RecordDict
+    from flwr.clientapp import ClientApp
+
+    from flwr_pfl.app.inprocess import InProcessGrid
+
+    app = ClientApp()
+
+    @app.train()
+    def pop_stage(message: Message, context) -> Message:
+        stage = message.content.config_records["cfg"].pop("stage", "missing")
+        return Message(RecordDict({"cfg": ConfigRecord({"stage": stage})}), reply_to=message)
+
+    grid = InProcessGrid(app, num_nodes=3, run_config={})
+    shared = RecordDict({"cfg": ConfigRecord({"stage": "setup"})})
+    messages = [grid.create_message(shared, "train", node, "1") for node in grid.get_node_ids()]
+    replies = grid.send_and_receive(messages)
+    assert [r.content.config_records["cfg"]["stage"] for r in replies] == ["setup"] * 3
+    assert shared.config_records["cfg"]["stage"] == "setup"
+    assert [r.metadata.reply_to_message_id for r in replies] == [m.metadata.message_id for m in messages]

@@ -171,3 +171,32 @@ def test_a_users_clientapp_keeps_the_personal_part_across_a_restart_with_persist
     assert any(tmp_path.rglob("partition-1.state"))
     kept = build(restarted).personal_state()
     assert kept.keys() == trained.keys() and all(torch.equal(kept[k], trained[k]) for k in kept)
+
+
+def test_a_mod_attached_to_train_runs_for_train_messages_only() -> None:
+    """``register_handlers(mods={"train": [...]})``: a mod that expects a training reply (as
+    Flower's clipping mods do) never sees the suite's query messages."""
+    seen: list[str] = []
+
+    def scaling_mod(message: Message, ctx: Context, call_next) -> Message:
+        seen.append(message.metadata.message_type)
+        reply = call_next(message, ctx)
+        for record in reply.content.array_records.values():
+            for name in record.keys():
+                record[name] = type(record[name]).from_numpy_ndarray(record[name].numpy() * 0.0)
+        return reply
+
+    app = register_handlers(ClientApp(), build, mods={"train": [scaling_mod]})
+    query = app(request("query", [], {"what": "nothing"}), context(0))
+    assert not query.has_error() and seen == []
+    reply = app(request("train", global_body(), CONFIG), context(0))
+    arrays, _, _ = messages.read_train_reply(reply.content)
+    assert seen == ["train"]
+    assert all(not a.any() for a in arrays)  # the mod's change reached the reply
+    evaluated = app(request("evaluate", global_body(), CONFIG), context(0))
+    assert not evaluated.has_error() and seen == ["train"]
+
+
+def test_mods_for_an_unknown_handler_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"'fit'.*not handlers.*'train'"):
+        register_handlers(ClientApp(), build, mods={"fit": []})

@@ -1,0 +1,244 @@
+"""Secure aggregation (``secure-aggregation = "secagg+"``): Flower's SecAgg+ protocol gives the
+strategy the example-weighted mean of the fit replies, equal to the plain run's aggregate up to
+the protocol's quantization (a bound computed from its settings), also when a node drops out in
+the middle of the protocol; a round the protocol cannot finish is a round without training;
+settings and algorithms it cannot serve are refused before training."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flwr_pfl.app import secagg as secagg_module
+from flwr_pfl.app.client_app import app as client_app
+from flwr_pfl.app.config import parse_experiment
+from flwr_pfl.app.inprocess import run_inprocess
+from flwr_pfl.app.results import RunFailed
+from flwr_pfl.app.secagg import SecureAggregation, check_maskable
+from flwr_pfl.app.server_app import app as server_app, build_strategy
+from flwr_pfl.clients import FedAvgClient
+from flwr_pfl.errors import ConfigError
+
+CLIENTS = 4
+
+
+def config(tmp_path: Path, name: str, **overrides) -> dict:
+    """Four clients of unequal sizes (Dirichlet labels), an MLP, one round."""
+    base = {
+        "dataset": "test-blobs", "model": "mlp", "num-clients": CLIENTS, "num-server-rounds": 1, "learning-rate": 0.1,
+        "partitioner": "dirichlet", "test-fraction": 0.25, "output-dir": str(tmp_path), "run-name": name,
+    }
+    return base | overrides
+
+
+def global_arrays(tmp_path: Path, name: str) -> list[np.ndarray]:
+    with np.load(tmp_path / name / "checkpoint.npz", allow_pickle=True) as saved:
+        keys = sorted((k for k in saved.files if k.startswith("global_")), key=lambda k: int(k.split("_")[1]))
+        return [saved[k] for k in keys]
+
+
+@pytest.fixture
+def masked(monkeypatch) -> list[int]:
+    """The num_examples of every reply the clients checked and masked (proof that each went
+    through the protocol)."""
+    seen: list[int] = []
+    real = secagg_module.check_maskable
+
+    def spy(arrays, num_examples, max_weight, clipping_range):
+        seen.append(num_examples)
+        return real(arrays, num_examples, max_weight, clipping_range)
+
+    monkeypatch.setattr(secagg_module, "check_maskable", spy)
+    return seen
+
+
+def quantization_bound(sizes: list[int], settings: SecureAggregation = SecureAggregation()) -> float:
+    """The largest error SecAgg+ can add to a coordinate of the weighted mean: each client's
+    weighted value is rounded (stochastically) to a grid of step 2c/Q, so the sum is off by
+    less than K * 2c/Q, and the mean divides that by the sum of the weights n_i / max_weight;
+    plus the float32 rounding of both aggregates."""
+    step = 2 * settings.clipping_range / settings.quantization_range
+    return len(sizes) * step / (sum(sizes) / settings.max_weight) + 1e-6
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedrep"])
+def test_the_secure_aggregate_is_the_plain_one_up_to_quantization(tmp_path, blobs_dataset, masked, algorithm):
+    run_inprocess(server_app, client_app, CLIENTS, config(tmp_path, "plain", algorithm=algorithm))
+    assert masked == []  # the plain run does not touch the protocol
+    run_inprocess(server_app, client_app, CLIENTS, config(tmp_path, "secure", algorithm=algorithm,
+                                                          **{"secure-aggregation": "secagg+"}))
+    assert len(masked) == CLIENTS and len(set(masked)) > 1  # every client masked; unequal sizes
+    plain, secure = global_arrays(tmp_path, "plain"), global_arrays(tmp_path, "secure")
+    bound = quantization_bound(masked)
+    assert bound < 1e-4
+    differences = [float(np.abs(p - s).max()) for p, s in zip(plain, secure, strict=True)]
+    assert max(differences) <= bound
+    assert max(differences) > 0  # the secure run's aggregate really went through the quantizer
+    assert all(p.dtype == s.dtype for p, s in zip(plain, secure))
+
+
+def test_a_secure_run_repeats_exactly(tmp_path, blobs_dataset):
+    """The protocol's stochastic rounding is seeded per run seed, node and round."""
+    for name in ("a", "b"):
+        run_inprocess(server_app, client_app, CLIENTS, config(tmp_path, name, **{"secure-aggregation": "secagg+"}))
+    for first, second in zip(global_arrays(tmp_path, "a"), global_arrays(tmp_path, "b"), strict=True):
+        np.testing.assert_array_equal(first, second)
+
+
+@pytest.fixture
+def partition_2_fails_to_train(monkeypatch) -> None:
+    real_fit = FedAvgClient.fit
+
+    def fit(self, parameters, cfg):
+        if self.partition_id == 2:
+            raise RuntimeError("partition 2 went offline")
+        return real_fit(self, parameters, cfg)
+
+    monkeypatch.setattr(FedAvgClient, "fit", fit)
+
+
+def test_a_node_dropping_out_before_its_masked_reply_leaves_the_others_mean(tmp_path, blobs_dataset, masked,
+                                                                             partition_2_fails_to_train):
+    """Partition 2 took part in the key exchange, then failed while training: its pairwise masks
+    are removed from the others' shares, and the aggregate is the plain mean of the three
+    others (the plain run with the same failure)."""
+    run_inprocess(server_app, client_app, CLIENTS, config(tmp_path, "plain"))
+    run_inprocess(server_app, client_app, CLIENTS, config(tmp_path, "secure", **{"secure-aggregation": "secagg+"}))
+    assert len(masked) == CLIENTS - 1
+    for plain, secure in zip(global_arrays(tmp_path, "plain"), global_arrays(tmp_path, "secure"), strict=True):
+        np.testing.assert_allclose(secure, plain, rtol=0, atol=quantization_bound(masked))
+    fit_row = next(r for r in json.loads((tmp_path / "secure" / "metrics.json").read_text()) if r["phase"] == "fit")
+    assert fit_row["num_failures"] == 1 and fit_row["participants"] == CLIENTS - 1
+
+
+def test_a_node_dropping_out_while_unmasking_still_counts(tmp_path, blobs_dataset, monkeypatch, masked):
+    """Partition 1 sent its masked reply, then vanished before the unmask stage: its private
+    mask is rebuilt from its neighbours' shares and its reply stays in the mean of all four."""
+    real = secagg_module.secaggplus_mod
+
+    def dropping(message, context, call_next):
+        configs = message.content.config_records.get("secaggplus_configs")
+        if context.node_config["partition-id"] == 1 and configs is not None and configs.get("stage") == "unmask":
+            raise ConnectionError("node 1 lost its connection")
+        return real(message, context, call_next)
+
+    monkeypatch.setattr(secagg_module, "secaggplus_mod", dropping)
+    run_inprocess(server_app, client_app, CLIENTS, config(tmp_path, "plain"))
+    run_inprocess(server_app, client_app, CLIENTS, config(tmp_path, "secure", **{"secure-aggregation": "secagg+"}))
+    assert len(masked) == CLIENTS
+    for plain, secure in zip(global_arrays(tmp_path, "plain"), global_arrays(tmp_path, "secure"), strict=True):
+        np.testing.assert_allclose(secure, plain, rtol=0, atol=quantization_bound(masked))
+
+
+def test_a_round_the_protocol_cannot_finish_is_a_round_without_training(tmp_path, blobs_dataset, monkeypatch):
+    """Three of four nodes fail after the key exchange: too few shares remain, Flower's workflow
+    halts without an aggregate, and the run ends failed instead of "completing"."""
+    real_fit = FedAvgClient.fit
+
+    def fit(self, parameters, cfg):
+        if self.partition_id != 0:
+            raise RuntimeError("offline")
+        return real_fit(self, parameters, cfg)
+
+    monkeypatch.setattr(FedAvgClient, "fit", fit)
+    with pytest.raises(RunFailed):
+        run_inprocess(server_app, client_app, CLIENTS, config(tmp_path, "secure", **{"secure-aggregation": "secagg+"}))
+    summary = json.loads((tmp_path / "secure" / "summary.json").read_text())
+    assert summary["status"] == "failed"
+    assert "secure aggregation halted" in json.dumps(summary)
+
+
+def test_a_client_with_more_examples_than_max_weight_refuses_to_be_masked(tmp_path, blobs_dataset):
+    with pytest.raises(RunFailed):
+        run_inprocess(server_app, client_app, CLIENTS,
+                      config(tmp_path, "secure", **{"secure-aggregation": "secagg+", "secagg-max-weight": 10.0}))
+    assert "secagg-max-weight" in (tmp_path / "secure" / "summary.json").read_text()
+
+
+# ------------------------------------------------------------------------------ client checks
+def test_check_maskable_refuses_what_the_protocol_would_corrupt():
+    fine = [np.array([7.9, -7.9]), np.zeros((2, 2), dtype=np.int64)]
+    check_maskable(fine, num_examples=1000, max_weight=1000.0, clipping_range=8.0)
+    check_maskable([np.array([15.0])], num_examples=500, max_weight=1000.0, clipping_range=8.0)  # weighted: 7.5
+    with pytest.raises(ValueError, match=r"1001 examples.*secagg-max-weight=1000"):
+        check_maskable(fine, num_examples=1001, max_weight=1000.0, clipping_range=8.0)
+    with pytest.raises(ValueError, match=r"array 1 .*17.*secagg-clipping-range=8"):
+        check_maskable([np.array([1.0]), np.array([[0.0, -17.0]])], num_examples=500, max_weight=1000.0, clipping_range=8.0)
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        check_maskable([np.array([np.nan])], num_examples=5, max_weight=1000.0, clipping_range=8.0)
+
+
+def test_a_secure_runs_client_refuses_a_train_message_without_the_protocol():
+    from flwr.app import Context, Message, RecordDict
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 1
+    message = Message(RecordDict(), dst_node_id=5, message_type="train")
+    secure = Context(run_id=1, node_id=5, node_config={}, state=RecordDict(), run_config={"secure-aggregation": "secagg+"})
+    with pytest.raises(ValueError, match="in the clear"):
+        secagg_module.secagg_client_mod(message, secure, lambda m, c: m)
+    plain = Context(run_id=1, node_id=5, node_config={}, state=RecordDict(), run_config={})
+    assert secagg_module.secagg_client_mod(message, plain, lambda m, c: "answered") == "answered"
+
+
+# ------------------------------------------------------------------------------ refusals
+def secure_experiment(**overrides):
+    return parse_experiment({"num-clients": CLIENTS, "num-server-rounds": 2, "secure-aggregation": "secagg+"} | overrides)
+
+
+def test_the_algorithms_that_need_single_replies_refuse_it_naming_why():
+    for algorithm, reason in (("fedamp", "attention weights"), ("pfedfda", "own rule"), ("fedora", "own rule"),
+                              ("local", "sends no model"), ("pfedhn", "hypernetwork")):
+        with pytest.raises(ConfigError, match=rf"secure-aggregation cannot be used: .*{reason}"):
+            build_strategy(secure_experiment(algorithm=algorithm))
+    for algorithm in ("fedavg", "fedrep", "fedper", "finetune", "ditto", "fedbn"):
+        assert build_strategy(secure_experiment(algorithm=algorithm)).secure_aggregation
+
+
+@pytest.mark.parametrize(("overrides", "match"), [
+    ({"clip-update-norm": 1.0}, "clip-update-norm"),
+    ({"aggregate": "trimmed-mean"}, "trimmed-mean"),
+    ({"dp-noise-multiplier": 1.0}, "client-level DP"),
+    ({"algorithm": "pfedme", "pfedme.weighting": "uniform"}, "weights every reply by its number of examples"),
+])
+def test_what_needs_each_update_is_refused_with_it(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        build_strategy(secure_experiment(**overrides))
+
+
+@pytest.mark.parametrize(("overrides", "match"), [
+    ({"api": "message"}, "needs api='numpyclient'"),
+    ({"secure-aggregation": "secagg"}, "secure-aggregation"),
+    ({"secure-aggregation": "off", "secagg-threshold": 3}, "in the clear"),
+    ({"secagg-num-shares": 2}, "integer > 2"),
+    ({"secagg-threshold": 1.5}, "integer >= 2"),
+    ({"secagg-num-shares": 5, "secagg-threshold": 5}, "less than secagg-num-shares"),
+    ({"secagg-quantization-range": 1000}, "power of 2"),
+    ({"secagg-clipping-range": 0.0}, "must be > 0"),
+    ({"secagg-max-weight": 0.5}, ">= 1"),
+])
+def test_bad_settings_are_refused_before_training(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        secure_experiment(**overrides)
+
+
+def test_a_protocol_that_could_never_finish_is_refused_for_the_rounds_sample():
+    settings = SecureAggregation(num_shares=3, threshold=2)
+    settings.check_sampled(10)
+    with pytest.raises(ConfigError, match="at least 3 clients per round"):
+        settings.check_sampled(2)
+    with pytest.raises(ConfigError, match=r"7 shares .* only 4 neighbours"):
+        SecureAggregation(num_shares=1.0, threshold=7).check_sampled(4)
+    assert SecureAggregation().shares_and_threshold(4) == (4, 2)
+    assert SecureAggregation(num_shares=0.5, threshold=0.6).shares_and_threshold(10) == (5, 3)
+
+
+def test_a_server_checks_the_sample_before_training(tmp_path, blobs_dataset):
+    with pytest.raises(ConfigError, match="at least 3 clients per round"):
+        run_inprocess(server_app, client_app, CLIENTS,
+                      config(tmp_path, "secure", **{"secure-aggregation": "secagg+", "fraction-fit": 0.5}))
+    assert not (tmp_path / "secure").exists()
