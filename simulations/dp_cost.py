@@ -1,4 +1,4 @@
-"""What differential privacy costs in accuracy on the default experiment.
+"""What differential privacy and secure aggregation cost in accuracy on the default experiment.
 
 Runs the default experiment (``pyproject.toml``'s run config: Fashion-MNIST, Dirichlet(0.3)
 label skew, the small CNN, 5 rounds, 10 clients) for each algorithm without DP, at two
@@ -6,7 +6,8 @@ client-level privacy levels (``--noise``: ``dp-noise-multiplier``; the epsilon e
 ``--delta`` is computed by the suite's accountant) and at two record-level levels
 (``--record-noise``: DP-SGD's ``dp-record-noise-multiplier``; the epsilon is the largest any
 client reported at ``--record-delta``), over several seeds, on the in-process engine through
-the comparison tool's own functions. The noise is seeded with the run's seed
+the comparison tool's own functions; and with Flower's SecAgg+ (``--secagg``, on by default:
+``secure-aggregation = "secagg+"``, whose only cost is its quantization). The noise is seeded with the run's seed
 (``dp-noise-seed``) so that the table can be reproduced; a deployment keeps the default secret
 noise. Algorithms that refuse a kind of DP are skipped for it.
 
@@ -48,10 +49,12 @@ def cell(base: dict[str, Any], algorithm: str, kind: str, noise: float, args: ar
     extra: dict[str, Any] = {}
     if kind == "client":
         extra = {"dp-noise-multiplier": noise, "dp-clip-norm": args.clip, "dp-delta": args.delta}
+    elif kind == "secagg":
+        extra = {"secure-aggregation": "secagg+"}
     elif kind == "record":
         extra = {"dp-record-noise-multiplier": noise, "dp-record-clip-norm": args.record_clip,
                  "dp-record-delta": args.record_delta}
-    label = "none" if kind == "none" else f"{kind} z={noise:g}"
+    label = {"none": "none", "secagg": "SecAgg+"}.get(kind, f"{kind} z={noise:g}")
     finals, failed, record_eps = [], 0, []
     for seed in args.seeds:
         config = run_configs({**base, **extra, **({"dp-noise-seed": seed} if kind != "none" else {})}, [algorithm],
@@ -89,7 +92,8 @@ def table(cells: list[dict[str, Any]], args: argparse.Namespace, rounds: int) ->
         f"{args.clip}, delta {args.delta}; epsilon of the whole run, add-or-remove-one client, no amplification "
         f"by sampling). *record*: DP-SGD in every client (clip norm {args.record_clip}, delta {args.record_delta}, "
         "batch size 32, Poisson sampling; epsilon of the whole run, one record, the largest any client "
-        "reported). A failed run is one the suite judged failed (training diverged and ended at chance, or a "
+        "reported). *SecAgg+*: the fit replies summed by Flower's SecAgg+ protocol (default settings: "
+        "clipping range 8, 2^22 levels, max weight 1000), no DP. A failed run is one the suite judged failed (training diverged and ended at chance, or a "
         "round trained nothing).",
         "",
         "| algorithm | DP | epsilon | accuracy | runs failed |",
@@ -101,7 +105,8 @@ def table(cells: list[dict[str, Any]], args: argparse.Namespace, rounds: int) ->
                      f"{c['failed_runs']} of {len(c['seeds'])} |")
     lines += ["", "Command: `python simulations/dp_cost.py " + " ".join(
         ["--algorithms", *args.algorithms, "--noise", *map(str, args.noise), "--record-noise",
-         *map(str, args.record_noise), "--seeds", *map(str, args.seeds)]) + "`", ""]
+         *map(str, args.record_noise), "--seeds", *map(str, args.seeds), *([] if args.secagg else ["--no-secagg"])]) + "`",
+        ""]
     return "\n".join(lines)
 
 
@@ -115,6 +120,8 @@ def main() -> None:
                         help="DP-SGD noise multipliers (none: no record-level rows)")
     parser.add_argument("--record-clip", type=float, default=1.0)
     parser.add_argument("--record-delta", type=float, default=1e-4)
+    parser.add_argument("--secagg", action=argparse.BooleanOptionalAction, default=True,
+                        help="also run each algorithm with SecAgg+ (where it accepts it)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "benchmark" / "privacy")
     args = parser.parse_args()
@@ -123,10 +130,12 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     cells = []
     for algorithm in args.algorithms:
-        for kind, noise in [("none", 0.0), *(("client", z) for z in args.noise), *(("record", z) for z in args.record_noise)]:
+        kinds = [("none", 0.0), *([("secagg", 0.0)] if args.secagg else []), *(("client", z) for z in args.noise),
+                 *(("record", z) for z in args.record_noise)]
+        for kind, noise in kinds:
             try:
                 cells.append(cell(base, algorithm, kind, noise, args, args.out))
-            except ConfigError as err:  # the algorithm refuses this kind of DP
+            except ConfigError as err:  # the algorithm refuses this kind of privacy
                 print(f"{algorithm} {kind}: refused: {err}", flush=True)
                 continue
             (args.out / "dp_cost.json").write_text(json.dumps(cells, indent=1) + "\n")

@@ -214,3 +214,26 @@ def test_the_fab_carries_the_package_and_stays_under_flowers_size_limit(tmp_path
     names = zipfile.ZipFile(fab).namelist()
     assert "flwr_pfl/app/server_app.py" in names and "flwr_pfl/presets/feddar_synthetic.toml" in names
     assert not [n for n in names if n.startswith(("docs/", "tests/", "simulations/"))]
+
+
+def test_the_constraints_file_pins_every_dependency_within_its_range():
+    """constraints.txt records the environment of the committed results: every distribution
+    pyproject.toml asks for (required and extras) is pinned there, to a version its range allows."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    wanted = [Requirement(r) for r in project["dependencies"]]
+    wanted += [Requirement(r) for extra in project["optional-dependencies"].values() for r in extra]
+    wanted = [r for r in wanted if canonicalize_name(r.name) != canonicalize_name(project["name"])]
+    pinned = {}
+    for line in (REPO_ROOT / "constraints.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            assert version, f"constraints.txt: {line!r} is not an exact pin (name==version)"
+            pinned[canonicalize_name(name)] = version
+    for requirement in wanted:
+        version = pinned.get(canonicalize_name(requirement.name))
+        assert version is not None, f"{requirement.name} is not pinned in constraints.txt"
+        assert requirement.specifier.contains(version, prereleases=True), (requirement, version)
