@@ -21,6 +21,10 @@ CHECKOUT_ROOT = Path(__file__).resolve().parents[2]
 #: the copy of the app's pyproject.toml that a wheel carries (absent in a checkout)
 BUNDLED_APP = Path(__file__).resolve().parent / "flower_app"
 SERVER_APP = "flwr_pfl.app.server_app:app"
+#: clients that the suite's own tools simulate (the launcher's federation, compare's in-process
+#: runs) when ``num-clients`` is 0, the federation's size, and so leaves the number to them (here,
+#: beside the default run config, so that the launcher needs no import of the training stack)
+SIMULATED_CLIENTS = 10
 
 
 def is_app_dir(path: Path) -> bool:

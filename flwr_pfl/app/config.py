@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from flwr_pfl.app.keys import check_choice, flat_dict, keys_of, parse_options, parse_section, with_suggestions
+from flwr_pfl.app.appdir import SIMULATED_CLIENTS  # noqa: F401 - read from here by the tools
 from flwr_pfl.app.registry import ALGORITHMS, get_algorithm
 from flwr_pfl.app.secagg import SECURE_AGGREGATIONS, SecureAggregation
 from flwr_pfl.app.signing import read_key
@@ -32,9 +33,6 @@ from flwr_pfl.models import MODEL_NAMES, RUNNING_STAT_MODELS
 from flwr_pfl.training.norms import FROZEN_NORMS
 from flwr_pfl.training.optim import OptimizerConfig
 
-#: clients that the suite's own tools simulate (the launcher's federation, compare's in-process
-#: runs) when ``num-clients`` is 0, the federation's size, and so leaves the number to them
-SIMULATED_CLIENTS = 10
 
 
 #: the values of the run-config key ``api``: the Flower API the server and clients talk through

@@ -35,8 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from flwr_pfl.app.appdir import BUNDLED_APP, app_dir, default_run_config
-from flwr_pfl.app.config import SIMULATED_CLIENTS
+from flwr_pfl.app.appdir import BUNDLED_APP, SIMULATED_CLIENTS, app_dir, default_run_config
 from flwr_pfl.app.overrides import parse_overrides, to_toml
 from flwr_pfl.app.staging import stage_app, stage_bundled_app
 

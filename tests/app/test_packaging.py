@@ -237,3 +237,13 @@ def test_the_constraints_file_pins_every_dependency_within_its_range():
         version = pinned.get(canonicalize_name(requirement.name))
         assert version is not None, f"{requirement.name} is not pinned in constraints.txt"
         assert requirement.specifier.contains(version, prereleases=True), (requirement, version)
+
+
+def test_the_launcher_does_not_import_the_training_stack():
+    """It only prepares and submits a run: no torch, Ray or dataset stack (2 s and 690 MB before;
+    docs/benchmark/entry_points.md)."""
+    probe = ("import sys, flwr_pfl.app.launch\n"
+             "print(sorted(m for m in ('torch', 'ray', 'datasets', 'matplotlib', 'flwr_pfl.app.config') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
