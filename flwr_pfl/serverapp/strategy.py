@@ -39,6 +39,7 @@ from flwr_pfl.errors import ConfigError
 from flwr_pfl.serverapp.layout import Layout, is_positional, parse_layout, record_arrays, select_wire_arrays, user_name
 from flwr_pfl.serverapp.nodes import EVALUATE, TRAIN, GridClientManager, MessageNode, NodeFailure, reply_content
 from flwr_pfl.strategies import hooks
+from flwr_pfl.strategies.wrappers import calling_wrapper, check_wrapped
 from flwr_pfl.strategies.base import PFLStrategy
 
 Res = TypeVar("Res", FitRes, EvaluateRes)
@@ -239,7 +240,10 @@ class PFLMessageStrategy(Strategy):
 
     # ---------------------------------------------------------------- Message-API steps
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        wrapper = calling_wrapper()  # a Flower DP wrapper around this strategy: refused where it cannot apply
         self.ensure_logic(grid, DEFAULT_WAIT_SECONDS)  # a subclass's own round loop may not call start()
+        if wrapper is not None:
+            check_wrapped(self.logic, wrapper)
         manager = self.manager(grid)
         parameters = self.parameters_of(arrays, manager)
         if not self._started:  # the legacy loop evaluates the initial arrays before round 1

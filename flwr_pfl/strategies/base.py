@@ -12,6 +12,7 @@ once here; subclasses pass ``**kwargs`` through and build their instructions' co
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import time
 from dataclasses import replace
 from collections.abc import Callable, Iterable, Mapping
@@ -52,6 +53,7 @@ from flwr_pfl.strategies.decode import decode_arrays
 from flwr_pfl.strategies.privacy import ClientLevelDP, PrivateAggregator
 from flwr_pfl.strategies.sampling import PARTITION_QUERY, in_partition_order, sample_indices, sample_size, sampling_rng
 from flwr_pfl.strategies.validation import ClientReply, Scalar, check_arrays
+from flwr_pfl.strategies.wrappers import calling_wrapper, check_wrapped
 
 NDArrays = list[np.ndarray]
 #: called after every aggregation with (round, phase, aggregated metrics, per-client metrics)
@@ -63,6 +65,24 @@ EvaluateFn = Callable[[int, NDArrays, dict[str, Scalar]], "tuple[float, dict[str
 SERVER_EVALUATE = "server-evaluate"
 #: values of ``aggregate``
 AGGREGATES = ("mean", "trimmed-mean")
+
+
+def checks_wrapper(configure_fit: Callable[..., Any]) -> Callable[..., Any]:
+    """``configure_fit`` that, on its first call, refuses a Flower DP wrapper that cannot wrap
+    this algorithm (:func:`~flwr_pfl.strategies.wrappers.check_wrapped`): the wrapper asks for
+    round 1's instructions before any client trains."""
+
+    @functools.wraps(configure_fit)
+    def checked(self: PFLStrategy, server_round: int, parameters: Parameters, client_manager: ClientManager) -> Any:
+        if not self._wrapper_checked:
+            self._wrapper_checked = True
+            wrapper = calling_wrapper()
+            if wrapper is not None:
+                check_wrapped(self, wrapper)
+        return configure_fit(self, server_round, parameters, client_manager)
+
+    checked.checks_wrapper = True  # type: ignore[attr-defined]
+    return checked
 
 
 class PFLStrategy(FedAvg):
@@ -194,6 +214,17 @@ class PFLStrategy(FedAvg):
     #: an algorithm that overrides how replies are read or combined refuses them unless it says
     #: otherwise here
     robust_refusal: ClassVar[str] = ""
+    #: whether the first configure_fit looked for a Flower DP wrapper calling it
+    _wrapper_checked: bool = False
+    #: what the latest aggregation returned (None: nothing yet)
+    _returned: Parameters | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass's own ``configure_fit`` checks for a Flower DP wrapper too (:func:`checks_wrapper`)."""
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("configure_fit")
+        if own is not None and not getattr(own, "checks_wrapper", False):
+            cls.configure_fit = checks_wrapper(own)  # type: ignore[method-assign]
 
     def __init__(
         self,
@@ -570,11 +601,13 @@ class PFLStrategy(FedAvg):
         config = self.fit_config(server_round)
         return [(proxy, FitIns(parameters, dict(config))) for proxy in clients]
 
+    @checks_wrapper
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
         if self.global_arrays is None:
             self.global_arrays = parameters_to_ndarrays(parameters)
+        self.follow_released(parameters)
         clients = self._sample(client_manager, server_round, self.fraction_fit, self.min_fit_clients)
         return self.fit_instructions(server_round, parameters, clients)
 
@@ -588,6 +621,7 @@ class PFLStrategy(FedAvg):
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        self.follow_released(parameters)
         clients = self.evaluation_clients(server_round, client_manager)
         config = self.evaluate_config(server_round)
         return [(proxy, EvaluateIns(parameters, dict(config))) for proxy in clients]
@@ -630,6 +664,7 @@ class PFLStrategy(FedAvg):
         run evaluated those arrays before it stopped)."""
         if self.evaluate_fn is None or (server_round == 0 and self.round_offset):
             return None
+        self.follow_released(parameters)
         arrays = self.global_arrays if self.global_arrays is not None else self.initial_global_arrays(parameters)
         current = self.run_round(server_round)
         answer = hooks.server_evaluation(
@@ -785,7 +820,29 @@ class PFLStrategy(FedAvg):
         clients = {pid: r.metrics for (_, pid), r in zip(who, replies) if pid is not None}
         self._replied = ("fit", server_round, who)
         self._notify(server_round, "fit", metrics, clients)
-        return ndarrays_to_parameters(arrays), metrics
+        self._returned = ndarrays_to_parameters(arrays)
+        return self._returned, metrics
+
+    def follow_released(self, parameters: Parameters) -> None:
+        """Adopt ``parameters`` as the global arrays when they are not what the latest aggregation
+        returned: a wrapper changed the aggregate after this strategy returned it (Flower's DP
+        wrappers add their noise there; :mod:`~flwr_pfl.strategies.wrappers`). The clients receive
+        the released arrays, so the strategy evaluates, checkpoints and exports those, not the
+        noiseless ones; each keeps its array's dtype (Flower's noise comes back as float64).
+
+        Raises:
+            ConfigError: the released arrays differ from the aggregate in number or shape.
+        """
+        returned, previous = self._returned, self.global_arrays
+        if returned is None or previous is None or parameters is returned or parameters.tensors == returned.tensors:
+            return
+        released = parameters_to_ndarrays(parameters)
+        if [np.shape(a) for a in released] != [np.shape(a) for a in previous]:
+            raise ConfigError(f"{type(self).__name__}: the arrays the server loop sends ({len(released)}) differ in number "
+                              f"or shape from the aggregate this strategy returned ({len(previous)}); a strategy wrapped "
+                              "around it changed them")
+        self.global_arrays = [np.asarray(a).astype(np.asarray(g).dtype) for a, g in zip(released, previous)]
+        self._returned = parameters
 
     def screen_outliers(self, server_round: int, replies: list[ClientReply], what: str = "fit reply") -> list[int]:
         """Indices (ascending) of the replies whose norm is absurd next to the others'

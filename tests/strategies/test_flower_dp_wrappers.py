@@ -1,0 +1,123 @@
+"""Flower's own DP wrappers around a suite strategy: the FedAvg family composes with them and
+then holds (evaluates, checkpoints, exports) the released, noised model; the algorithms whose
+replies are not the global arrays averaged are refused when the wrapper asks for round 1's
+instructions, before any client trains, naming the algorithm and the reason."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord
+from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.server import ServerApp, ServerConfig
+from flwr.server import strategy as legacy
+from flwr.server.compat import start_grid
+from flwr.server.server import Server
+from flwr.server.client_manager import SimpleClientManager
+from flwr.serverapp import strategy as message_api
+
+from flwr_pfl.app.client_app import app as client_app
+from flwr_pfl.app.config import parse_experiment
+from flwr_pfl.app.inprocess import run_inprocess
+from flwr_pfl.app.server_app import build_strategy
+from flwr_pfl.errors import ConfigError
+from flwr_pfl.serverapp import PFLMessageStrategy
+from flwr_pfl.strategies import FedAvg
+
+LEGACY_WRAPPERS = {
+    "server-fixed": lambda s: legacy.DifferentialPrivacyServerSideFixedClipping(s, 1.0, 1.0, 3),
+    "client-fixed": lambda s: legacy.DifferentialPrivacyClientSideFixedClipping(s, 1.0, 1.0, 3),
+    "server-adaptive": lambda s: legacy.DifferentialPrivacyServerSideAdaptiveClipping(s, 0.1, 3),
+    "dpfedavg-fixed": lambda s: legacy.DPFedAvgFixed(s, 3, 1.0, 1.0),
+}
+
+
+def strategy_of(algorithm: str, **overrides):
+    return build_strategy(parse_experiment({"algorithm": algorithm, "num-clients": 3, "num-server-rounds": 2} | overrides))
+
+
+@pytest.mark.parametrize("wrap", LEGACY_WRAPPERS.values(), ids=LEGACY_WRAPPERS.keys())
+@pytest.mark.parametrize(("algorithm", "reason"), [
+    ("pfedfda", "own rule"), ("feddar-sa", "own rule"), ("fmtl", "own rule"), ("fedora", "own rule"),
+    ("fedamp", "attention weights"), ("local", "sends no model"),
+])
+def test_a_legacy_wrapper_that_cannot_apply_is_refused_before_any_client_trains(wrap, algorithm, reason):
+    inner = strategy_of(algorithm)
+    wrapper = wrap(inner)
+    parameters = ndarrays_to_parameters([np.zeros(3, dtype=np.float32)])
+    with pytest.raises(ConfigError, match=rf"cannot run inside Flower's {type(wrapper).__name__}: .*{reason}"):
+        wrapper.configure_fit(1, parameters, None)  # refused before it samples: no client manager needed
+
+
+@pytest.mark.parametrize(("overrides", "match"), [
+    ({"dp-noise-multiplier": 1.0}, "clipped and noised twice"),
+    ({"secure-aggregation": "secagg+"}, "aggregates securely"),
+])
+def test_a_legacy_wrapper_on_top_of_the_suites_own_privacy_is_refused(overrides, match):
+    wrapper = LEGACY_WRAPPERS["server-fixed"](strategy_of("fedavg", **overrides))
+    with pytest.raises(ConfigError, match=match):
+        wrapper.configure_fit(1, ndarrays_to_parameters([np.zeros(3, dtype=np.float32)]), None)
+
+
+def test_a_message_api_wrapper_that_cannot_apply_is_refused():
+    inner = PFLMessageStrategy(strategy_of("pfedfda"))
+    wrapper = message_api.DifferentialPrivacyServerSideFixedClipping(inner, 1.0, 1.0, 3)
+    with pytest.raises(ConfigError, match="PFedFDA cannot run inside Flower's DifferentialPrivacyServerSideFixedClipping"):
+        wrapper.configure_train(1, ArrayRecord(), ConfigRecord(), None)
+
+
+def test_the_plain_loop_calls_are_not_taken_for_a_wrapper():
+    strategy = strategy_of("pfedfda")
+    with pytest.raises(Exception) as caught:  # no client manager: it fails later, on sampling, not on a wrapper
+        strategy.configure_fit(1, ndarrays_to_parameters([np.zeros(3, dtype=np.float32)]), None)
+    assert not isinstance(caught.value, ConfigError)
+
+
+def test_the_fedavg_family_composes_and_holds_the_released_noised_model(tmp_path, blobs_dataset):
+    """Flower's server-side DP wrapper around the suite's FedAvg, on the in-process grid: the
+    strategy's global arrays after the run are the noised aggregate the wrapper released (which
+    the clients received), in the model's dtype, not the noiseless one it computed itself."""
+    inner = FedAvg(num_clients=3, num_rounds=2, seed=0)
+    wrapper = legacy.DifferentialPrivacyServerSideFixedClipping(inner, noise_multiplier=0.3, clipping_norm=0.5,
+                                                                 num_sampled_clients=3)
+    noiseless, released = [], []
+    own, wrapped = inner.aggregate_fit, wrapper.aggregate_fit
+
+    def spy_inner(*args):
+        answer = own(*args)
+        noiseless.append(parameters_to_ndarrays(answer[0]))
+        return answer
+
+    def spy_wrapper(*args):
+        answer = wrapped(*args)
+        released.append(parameters_to_ndarrays(answer[0]))
+        return answer
+
+    inner.aggregate_fit = spy_inner
+    wrapper.aggregate_fit = spy_wrapper
+    server_app = ServerApp()
+
+    @server_app.main()
+    def main(grid, context) -> None:
+        start_grid(grid=grid, server=Server(client_manager=SimpleClientManager(), strategy=wrapper),
+                   config=ServerConfig(num_rounds=2))
+
+    run_config = {"dataset": "test-blobs", "model": "mlp", "num-clients": 3, "partitioner": "iid",
+                  "test-fraction": 0.25, "output-dir": str(tmp_path), "learning-rate": 0.1}
+    run_inprocess(server_app, client_app, 3, run_config)
+    assert len(released) == 2
+    for held, noised, plain in zip(inner.global_arrays, released[-1], noiseless[-1], strict=True):
+        assert held.dtype == plain.dtype == np.float32
+        np.testing.assert_array_equal(held, noised.astype(np.float32))
+        assert not np.allclose(held, plain, atol=1e-3)  # the noise (std 0.05) is in what the strategy holds
+
+
+def test_released_arrays_of_another_shape_are_refused_naming_both_counts():
+    strategy = FedAvg(num_clients=3, initial_arrays=[np.zeros((2, 2), dtype=np.float32)])
+    strategy._returned = ndarrays_to_parameters([np.zeros((2, 2), dtype=np.float32)])
+    strategy.follow_released(strategy._returned)  # what it returned: nothing to adopt
+    assert strategy.global_arrays[0].shape == (2, 2)
+    with pytest.raises(ConfigError, match=r"sends \(2\) differ in number or shape from the aggregate .* \(1\)"):
+        strategy.follow_released(ndarrays_to_parameters([np.zeros(4), np.zeros(1)]))
+    strategy.follow_released(ndarrays_to_parameters([np.ones((2, 2))]))  # float64 noise on it: adopted as float32
+    assert strategy.global_arrays[0].dtype == np.float32 and strategy.global_arrays[0].sum() == 4
