@@ -828,14 +828,18 @@ class PFLStrategy(FedAvg):
         returned: a wrapper changed the aggregate after this strategy returned it (Flower's DP
         wrappers add their noise there; :mod:`~flwr_pfl.strategies.wrappers`). The clients receive
         the released arrays, so the strategy evaluates, checkpoints and exports those, not the
-        noiseless ones; each keeps its array's dtype (Flower's noise comes back as float64).
+        noiseless ones; each keeps its array's dtype (Flower's noise comes back as float64). Only
+        the algorithms such a wrapper can wrap adopt anything: the others (which refuse it) may
+        send what they like between rounds.
 
         Raises:
             ConfigError: the released arrays differ from the aggregate in number or shape.
         """
         returned, previous = self._returned, self.global_arrays
-        if returned is None or previous is None or parameters is returned or parameters.tensors == returned.tensors:
+        if returned is None or previous is None or parameters is None or parameters is returned:
             return
+        if self.robust_refusal or self._default_refusal() or parameters.tensors == returned.tensors:
+            return  # an algorithm that Flower's wrappers cannot wrap (check_wrapped) sends its own arrays
         released = parameters_to_ndarrays(parameters)
         if [np.shape(a) for a in released] != [np.shape(a) for a in previous]:
             raise ConfigError(f"{type(self).__name__}: the arrays the server loop sends ({len(released)}) differ in number "
