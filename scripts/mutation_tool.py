@@ -88,6 +88,7 @@ SCOPE: dict[str, tuple[str, ...]] = {
     "flwr_pfl/app/client_cache.py": ("tests/app/test_client_cache.py", "tests/properties"),
     "flwr_pfl/app/config.py": ("tests/app/test_config.py", "tests/app/test_presets.py"),
     "flwr_pfl/app/results.py": ("tests/app/test_inprocess.py", "tests/app/test_compare.py", "tests/app/test_failed_runs.py"),
+    "flwr_pfl/app/secagg.py": ("tests/app/test_secagg.py",),
 }
 for _package in ("strategies", "clients", "training", "serverapp"):
     for _path in sorted((REPO / "flwr_pfl" / _package).glob("*.py")):
@@ -98,6 +99,7 @@ for _package in ("strategies", "clients", "training", "serverapp"):
 OWN_SELECTION: dict[str, tuple[str, ...]] = {
     "flwr_pfl/training/dpsgd.py": ("tests/training/test_dpsgd.py", "tests/clients/test_record_dp.py"),
     "flwr_pfl/strategies/privacy.py": ("tests/strategies/test_client_dp.py", "tests/core/test_dp.py"),
+    "flwr_pfl/strategies/wrappers.py": ("tests/strategies/test_flower_dp_wrappers.py",),
 }
 SCOPE.update(OWN_SELECTION)
 

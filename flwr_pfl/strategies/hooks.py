@@ -75,16 +75,21 @@ def round_config(owner: str, hook: str, fn: Callable[[int], Any], server_round: 
     return dict(config)
 
 
+#: config keys that Flower's DP wrappers send for its client-side mods (``fixedclipping_mod``,
+#: ``adaptiveclipping_mod``), which read them before the client does
+FLOWER_MOD_KEYS = ("clipping_norm",)
+
+
 def report_unread_keys(owner: str, source: str, user: Mapping[str, Scalar], reported: set[str]) -> None:
     """Log once, at INFO, the keys of the user's config that the suite's clients do not read.
 
     Flower's examples send settings such as ``local_epochs`` or ``batch_size`` in the train
     config; the suite's clients take those from their own options and read only
-    :data:`~flwr_pfl.messages.CLIENT_CONFIG_KEYS` from it, so the other keys reach the clients
-    and change nothing (a client class of the user's own may still read them). ``reported``
+    :data:`~flwr_pfl.messages.CLIENT_CONFIG_KEYS` from it (and Flower's mods :data:`FLOWER_MOD_KEYS`),
+    so the other keys reach the clients and change nothing (a client class of the user's own may still read them). ``reported``
     holds the keys already named, so each key is named once per strategy.
     """
-    unread = sorted(set(user) - set(CLIENT_CONFIG_KEYS) - reported)
+    unread = sorted(set(user) - set(CLIENT_CONFIG_KEYS) - set(FLOWER_MOD_KEYS) - reported)
     if unread:
         reported.update(unread)
         log(INFO, "%s: %s sends %s to the clients; flwr_pfl's clients read only %s from it (set the rest through "

@@ -121,3 +121,48 @@ def test_released_arrays_of_another_shape_are_refused_naming_both_counts():
         strategy.follow_released(ndarrays_to_parameters([np.zeros(4), np.zeros(1)]))
     strategy.follow_released(ndarrays_to_parameters([np.ones((2, 2))]))  # float64 noise on it: adopted as float32
     assert strategy.global_arrays[0].dtype == np.float32 and strategy.global_arrays[0].sum() == 4
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedrep"])
+def test_message_api_client_side_dp_composes_with_flowers_mod_on_the_train_handler(tmp_path, blobs_dataset, caplog,
+                                                                                   algorithm):
+    """Flower's Message-API client-side wrapper around the suite's strategy, and Flower's
+    ``fixedclipping_mod`` on the ClientApp's train handler only (``register_handlers(mods=...)``):
+    every train reply is clipped (FedRep's body against the body it received), the queries pass
+    the mod by, and the strategy holds the noised aggregate the wrapper released."""
+    from flwr.app import ArrayRecord
+    from flwr.clientapp import ClientApp
+    from flwr.clientapp.mod import fixedclipping_mod
+    from flwr.serverapp import ServerApp as MessageServerApp
+
+    from flwr_pfl.app.client_app import node_client
+    from flwr_pfl.clientapp import register_handlers
+    from flwr_pfl.strategies import FedRep
+
+    logic = (FedAvg if algorithm == "fedavg" else FedRep)(num_clients=3, num_rounds=2, seed=0)
+    wrapper = message_api.DifferentialPrivacyClientSideFixedClipping(PFLMessageStrategy(logic), 0.3, 0.5, 3)
+    noiseless = []
+    own = logic.aggregate_fit
+
+    def spy(*args):
+        answer = own(*args)
+        noiseless.append(parameters_to_ndarrays(answer[0]))
+        return answer
+
+    logic.aggregate_fit = spy
+    server = MessageServerApp()
+
+    @server.main()
+    def main(grid, context) -> None:
+        wrapper.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=2)
+
+    clients = register_handlers(ClientApp(), node_client, mods={"train": [fixedclipping_mod]})
+    run_config = {"dataset": "test-blobs", "model": "mlp", "num-clients": 3, "partitioner": "iid", "algorithm": algorithm,
+                  "test-fraction": 0.25, "output-dir": str(tmp_path), "learning-rate": 0.1}
+    with caplog.at_level("INFO", logger="flwr"):
+        run_inprocess(server, clients, 3, run_config)
+    assert sum("fixedclipping_mod: parameters are clipped" in r.getMessage() for r in caplog.records) == 6
+    assert not any("clipping_norm" in r.getMessage() and "read only" in r.getMessage() for r in caplog.records)
+    assert len(noiseless) == 2
+    for held, plain in zip(logic.global_arrays, noiseless[-1], strict=True):
+        assert held.dtype == plain.dtype and not np.allclose(held, plain, atol=1e-3)
