@@ -150,14 +150,32 @@ class SecureAggregation:
 
 
 class KeptStateSecAggPlus(SecAggPlusWorkflow):
-    """Flower's workflow, keeping the latest round's protocol state, whose failures (the clients'
-    errors) Flower drops when the protocol halts."""
+    """Flower's workflow, keeping the latest round's protocol state (whose failures, the clients'
+    errors, Flower drops when the protocol halts), and mending how it treats a client that drops
+    out during the key exchange.
+
+    Flower 1.42 counts such a client among the dead ones whose masks the others must help
+    remove, so in the unmask stage it asks every other client for shares of that client's
+    secret, which none received (a KeyError in each of them): the round halts. Nobody's vector
+    holds a mask shared with it either, since masks are agreed only with the neighbours whose
+    encrypted shares arrived. After the key exchange the protocol is therefore over the clients
+    that completed it: :meth:`share_keys_stage` narrows the sampled clients and their
+    neighbourhoods to them.
+    """
 
     state: WorkflowState | None = None
 
     def setup_stage(self, grid: Grid, context: LegacyContext, state: WorkflowState) -> bool:
         self.state = state
         return super().setup_stage(grid, context, state)
+
+    def share_keys_stage(self, grid: Grid, context: LegacyContext, state: WorkflowState) -> bool:
+        go_on = super().share_keys_stage(grid, context, state)
+        shared = set(state.active_node_ids)
+        state.sampled_node_ids = shared
+        state.nid_to_neighbours = {nid: neighbours & shared for nid, neighbours in state.nid_to_neighbours.items()
+                                   if nid in shared}
+        return go_on
 
 
 # ---------------------------------------------------------------------------- client side

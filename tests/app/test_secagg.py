@@ -133,6 +133,29 @@ def test_a_node_dropping_out_while_unmasking_still_counts(tmp_path, blobs_datase
         np.testing.assert_allclose(secure, plain, rtol=0, atol=quantization_bound(masked))
 
 
+@pytest.mark.parametrize("stage", ["setup", "share_keys"])
+def test_a_node_dropping_out_before_sharing_its_keys_leaves_the_others_mean(tmp_path, blobs_dataset, monkeypatch, masked,
+                                                                             partition_2_fails_to_train, stage):
+    """Partition 2 vanishes during the key exchange: it never trains, its neighbours hold no share
+    of its secrets, and the round aggregates the three others (as the plain run whose partition
+    2 fails). Flower 1.42 alone asks the others for shares of it in the unmask stage, and every
+    client fails there: the round would halt."""
+    real = secagg_module.secaggplus_mod
+
+    def dropping(message, context, call_next):
+        configs = message.content.config_records.get("secaggplus_configs")
+        if context.node_config["partition-id"] == 2 and configs is not None and configs.get("stage") == stage:
+            raise ConnectionError("node 2 lost its connection")
+        return real(message, context, call_next)
+
+    monkeypatch.setattr(secagg_module, "secaggplus_mod", dropping)
+    run_inprocess(server_app, client_app, CLIENTS, config(tmp_path, "plain"))
+    run_inprocess(server_app, client_app, CLIENTS, config(tmp_path, "secure", **{"secure-aggregation": "secagg+"}))
+    assert len(masked) == CLIENTS - 1
+    for plain, secure in zip(global_arrays(tmp_path, "plain"), global_arrays(tmp_path, "secure"), strict=True):
+        np.testing.assert_allclose(secure, plain, rtol=0, atol=quantization_bound(masked))
+
+
 def test_a_round_the_protocol_cannot_finish_is_a_round_without_training(tmp_path, blobs_dataset, monkeypatch):
     """Three of four nodes fail after the key exchange: too few shares remain, Flower's workflow
     halts without an aggregate, and the run ends failed instead of "completing"."""

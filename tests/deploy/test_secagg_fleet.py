@@ -49,7 +49,7 @@ def test_secagg_runs_on_real_supernodes_and_survives_a_node_that_dies(make_fleet
     assert fits[1]["participant_ids"] == "0 1 2 3"
     assert fits[2]["participant_ids"] == "0 1 2", fits[2]
     final = [r for r in rows if r["phase"] == "evaluate"][-1]
-    assert final["accuracy_wmean"] > 0.5  # ten classes: it trained
+    assert final["accuracy_wmean"] > 0.2  # ten classes (chance 0.1): it trained
     run_id = re.search(r"Successfully started run (\d+)", submitted.stdout).group(1)
     server_log = fleet.flwr("log", run_id, "loop", "--show").stdout
     assert server_log.count("Secure aggregation completed") == 2, server_log[-3000:]
