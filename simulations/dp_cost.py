@@ -57,7 +57,7 @@ def cell(base: dict[str, Any], algorithm: str, kind: str, noise: float, args: ar
     label = {"none": "none", "secagg": "SecAgg+"}.get(kind, f"{kind} z={noise:g}")
     finals, failed, record_eps = [], 0, []
     for seed in args.seeds:
-        config = run_configs({**base, **extra, **({"dp-noise-seed": seed} if kind != "none" else {})}, [algorithm],
+        config = run_configs({**base, **extra, **({"dp-noise-seed": seed} if kind in ("client", "record") else {})}, [algorithm],
                              [seed], out / "runs" / label.replace(" ", "-"))[algorithm][0]
         rows = run_one(config, "inprocess", reuse=True)
         finals.append(rows[-1][KEY])

@@ -123,13 +123,15 @@ def test_released_arrays_of_another_shape_are_refused_naming_both_counts():
     assert strategy.global_arrays[0].dtype == np.float32 and strategy.global_arrays[0].sum() == 4
 
 
+@pytest.mark.parametrize("side", ["client", "server"])
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedrep"])
-def test_message_api_client_side_dp_composes_with_flowers_mod_on_the_train_handler(tmp_path, blobs_dataset, caplog,
-                                                                                   algorithm):
-    """Flower's Message-API client-side wrapper around the suite's strategy, and Flower's
-    ``fixedclipping_mod`` on the ClientApp's train handler only (``register_handlers(mods=...)``):
-    every train reply is clipped (FedRep's body against the body it received), the queries pass
-    the mod by, and the strategy holds the noised aggregate the wrapper released."""
+def test_message_api_dp_wrappers_compose_with_the_fedavg_family(tmp_path, blobs_dataset, caplog, algorithm, side):
+    """Flower's Message-API DP wrappers around the suite's strategy, started without initial
+    arrays (the strategy asks a node for them). Client side: Flower's ``fixedclipping_mod`` on the
+    ClientApp's train handler only (``register_handlers(mods=...)``) clips every train reply
+    (FedRep's body against the body it received) and the queries pass it by. Server side: the
+    wrapper clips each reply against the arrays round 1 sent. Either way the run completes and
+    the strategy holds the noised aggregate the wrapper released."""
     from flwr.app import ArrayRecord
     from flwr.clientapp import ClientApp
     from flwr.clientapp.mod import fixedclipping_mod
@@ -140,7 +142,9 @@ def test_message_api_client_side_dp_composes_with_flowers_mod_on_the_train_handl
     from flwr_pfl.strategies import FedRep
 
     logic = (FedAvg if algorithm == "fedavg" else FedRep)(num_clients=3, num_rounds=2, seed=0)
-    wrapper = message_api.DifferentialPrivacyClientSideFixedClipping(PFLMessageStrategy(logic), 0.3, 0.5, 3)
+    wrapping = (message_api.DifferentialPrivacyClientSideFixedClipping if side == "client"
+                else message_api.DifferentialPrivacyServerSideFixedClipping)
+    wrapper = wrapping(PFLMessageStrategy(logic), 0.3, 0.5, 3)
     noiseless = []
     own = logic.aggregate_fit
 
@@ -156,12 +160,13 @@ def test_message_api_client_side_dp_composes_with_flowers_mod_on_the_train_handl
     def main(grid, context) -> None:
         wrapper.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=2)
 
-    clients = register_handlers(ClientApp(), node_client, mods={"train": [fixedclipping_mod]})
+    clients = register_handlers(ClientApp(), node_client, mods={"train": [fixedclipping_mod]} if side == "client" else {})
     run_config = {"dataset": "test-blobs", "model": "mlp", "num-clients": 3, "partitioner": "iid", "algorithm": algorithm,
                   "test-fraction": 0.25, "output-dir": str(tmp_path), "learning-rate": 0.1}
     with caplog.at_level("INFO", logger="flwr"):
         run_inprocess(server, clients, 3, run_config)
-    assert sum("fixedclipping_mod: parameters are clipped" in r.getMessage() for r in caplog.records) == 6
+    clipped = "fixedclipping_mod: parameters are clipped" if side == "client" else "aggregate_fit: parameters are clipped"
+    assert sum(clipped in r.getMessage() for r in caplog.records) == 6  # three replies, two rounds
     assert not any("clipping_norm" in r.getMessage() and "read only" in r.getMessage() for r in caplog.records)
     assert len(noiseless) == 2
     for held, plain in zip(logic.global_arrays, noiseless[-1], strict=True):
