@@ -240,7 +240,7 @@ class PFLMessageStrategy(Strategy):
 
     # ---------------------------------------------------------------- Message-API steps
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        wrapper = calling_wrapper()  # a Flower DP wrapper around this strategy: refused where it cannot apply
+        wrapper = calling_wrapper(self)  # a Flower DP wrapper around this strategy: refused where it cannot apply
         self.ensure_logic(grid, DEFAULT_WAIT_SECONDS)  # a subclass's own round loop may not call start()
         if wrapper is not None:
             check_wrapped(self.logic, wrapper)

@@ -76,7 +76,7 @@ def checks_wrapper(configure_fit: Callable[..., Any]) -> Callable[..., Any]:
     def checked(self: PFLStrategy, server_round: int, parameters: Parameters, client_manager: ClientManager) -> Any:
         if not self._wrapper_checked:
             self._wrapper_checked = True
-            wrapper = calling_wrapper()
+            wrapper = calling_wrapper(self)
             if wrapper is not None:
                 check_wrapped(self, wrapper)
         return configure_fit(self, server_round, parameters, client_manager)

@@ -42,13 +42,24 @@ FLOWER_DP_WRAPPERS: tuple[type, ...] = (
 )
 
 
-def calling_wrapper(depth: int = 2) -> Any | None:
-    """The Flower DP wrapper whose method called the function that calls this one (``depth``
-    frames up: 2 = the caller's caller), or None. A wrapper calls ``self.strategy.<method>``, so
-    the ``self`` of that frame is the wrapper."""
-    frame = sys._getframe(depth)
-    caller = frame.f_locals.get("self")
-    return caller if isinstance(caller, FLOWER_DP_WRAPPERS) else None
+#: frames looked at above the strategy's method for a wrapper calling it (the wrapper's method is
+#: the caller, unless decorators or instrumentation sit between)
+SEARCH_FRAMES = 12
+
+
+def calling_wrapper(strategy: object) -> Any | None:
+    """The Flower DP wrapper around ``strategy`` whose method is calling into it, or None: a
+    frame on the call stack whose ``self`` is one of :data:`FLOWER_DP_WRAPPERS` with
+    ``.strategy`` being ``strategy`` (a wrapper calls ``self.strategy.<method>``)."""
+    frame = sys._getframe(1)
+    for _ in range(SEARCH_FRAMES):
+        frame = frame.f_back
+        if frame is None:
+            return None
+        caller = frame.f_locals.get("self")
+        if isinstance(caller, FLOWER_DP_WRAPPERS) and getattr(caller, "strategy", None) is strategy:
+            return caller
+    return None
 
 
 def check_wrapped(strategy: PFLStrategy, wrapper: Any) -> None:
