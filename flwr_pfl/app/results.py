@@ -46,6 +46,8 @@ from typing import Any
 
 from flwr_pfl.app.checkpoint import Checkpoint, remove_stale_temporaries, write_checkpoint
 from flwr_pfl.app.tracking import Progress, Tracker
+from flwr_pfl.app.traffic import merge as merge_traffic
+from flwr_pfl.app.traffic import totals as traffic_totals
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.strategies.base import SERVER_EVALUATE
 from flwr_pfl.strategies.validation import describe_failures
@@ -59,6 +61,8 @@ METRICS_LOG = "metrics.jsonl"
 TIMINGS_LOG = "timings.jsonl"
 #: the run's status and why, written with ``summary.txt`` at the end (:meth:`ResultsWriter.finish`)
 STATUS_FILE = "summary.json"
+#: the bytes each round sent and received, per node and message kind (:mod:`flwr_pfl.app.traffic`)
+TRAFFIC_FILE = "traffic.json"
 #: files whose presence means a directory already holds a run's results
 RESULT_FILES = ("config.json", METRICS_LOG, "metrics.json", "checkpoint.npz", "summary.txt", STATUS_FILE)
 
@@ -139,6 +143,10 @@ class ResultsWriter:
         self.progress = progress
         #: experiment-tracking backends (:meth:`track`)
         self.trackers: list[Tracker] = []
+        #: this process's traffic rows (:mod:`flwr_pfl.app.traffic`), written as ``traffic.json`` by
+        #: :meth:`finish` after those of the rounds a resumed run kept
+        self.traffic_fn: Callable[[], list[dict[str, Any]]] | None = None
+        self.resumed_rounds = resume_from.rounds_done if resume_from is not None else 0
 
     def track(self, trackers: Sequence[Tracker]) -> None:
         """Send the config, then every row recorded from now on with its per-client values, and
@@ -267,6 +275,11 @@ class ResultsWriter:
         lost = lost_training_replies(self.rows)
         if lost is not None:
             summary += f"\nwarning: {lost}"
+        traffic = self._write_traffic()
+        if traffic is not None:
+            summary += (f"\ntraffic: {traffic['bytes_sent'] / 1e6:.3f} MB sent, {traffic['bytes_received'] / 1e6:.3f} MB "
+                        f"received; per client and round {traffic['bytes_sent_per_client_round'] / 1e6:.4f} MB down, "
+                        f"{traffic['bytes_received_per_client_round'] / 1e6:.4f} MB up (traffic.json)")
         status = {
             "status": self.status,
             "problems": problems,
@@ -275,12 +288,27 @@ class ResultsWriter:
             "divergence": verdict.divergence,
             "fail_on_no_training": self.fail_on_no_training,
             "lost_training_replies": lost,
+            "traffic": traffic,
         }
         _write_atomic(self.directory / STATUS_FILE, json.dumps(status, indent=1))
         _write_atomic(self.directory / "summary.txt", summary + "\n")
         self.close_trackers()
         print(summary, flush=True)
         return summary
+
+    def _write_traffic(self) -> dict[str, float] | None:
+        """Write ``traffic.json`` (the rows a resumed run kept, of its rounds done, then this
+        process's; each process's start-up exchanges add up in round 0) and return its totals;
+        None without a traffic source."""
+        if self.traffic_fn is None:
+            return None
+        rows = self.traffic_fn()
+        path = self.directory / TRAFFIC_FILE
+        if self.resumed_rounds and path.exists():
+            kept = [r for r in json.loads(path.read_text()) if r["round"] <= self.resumed_rounds]
+            rows = merge_traffic(kept, [r for r in rows if r["round"] == 0 or r["round"] > self.resumed_rounds])
+        _write_atomic(path, json.dumps(rows, indent=1))
+        return traffic_totals(rows)
 
     def _plot(self, rows: list[dict[str, Any]]) -> None:
         """``learning_curves.png`` (and ``domains.png``); skipped with a warning where matplotlib

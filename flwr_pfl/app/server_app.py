@@ -23,6 +23,7 @@ from flwr_pfl.app.nodes import resolve_num_clients
 from flwr_pfl.app.results import ResultsWriter, refuse_existing
 from flwr_pfl.app.secagg import secure_driver
 from flwr_pfl.app.tracking import Progress, build_trackers, parse_tracking
+from flwr_pfl.app.traffic import MeteredGrid
 from flwr_pfl.data.vision import VISION_SPECS
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.strategies.base import PFLStrategy
@@ -127,6 +128,7 @@ def run_directory(experiment: Experiment) -> Path:
 def run_server(grid: Grid, context: Context) -> ResultsWriter:
     """Run one experiment on ``grid`` and return its results writer."""
     experiment = parse_experiment(context.run_config)  # stops here on a bad key or value
+    grid = MeteredGrid(grid)  # every message counted (traffic.json)
     # num-clients = 0 is the federation's size; a set value must equal it. Every node connected by
     # then (at least min-clients of them) is asked: a wrong node setting stops the run here.
     drive, node_proxy = flavour(experiment.run.api)
@@ -167,6 +169,7 @@ def run_server(grid: Grid, context: Context) -> ResultsWriter:
     workers = server_workers(experiment, grid)
     strategy = build_strategy(experiment, writer, workers)
     writer.state_fn = strategy.state_dict
+    writer.traffic_fn = lambda: grid.traffic.rows(strategy.partition_of, strategy.round_offset)
     request_client_exports(strategy, output)
     rounds = experiment.run.num_server_rounds
     if checkpoint is not None:
