@@ -21,10 +21,11 @@ from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from flwr_pfl.clients.base import Config, LocalData, NDArrays, PFLClient, seeded_message
 from flwr_pfl.core import feddar as core
+from flwr_pfl.core.packing import pack_symmetric
 from flwr_pfl.data.types import Task
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.models.base import EncoderHeadModel
-from flwr_pfl.strategies.feddar import COUNTS_QUERY, PHASE_KEY, QUERY_KEY
+from flwr_pfl.strategies.feddar import COUNTS_QUERY, HESSIAN_UPLOADS, PHASE_KEY, QUERY_KEY
 from flwr_pfl.training import (
     EvalResult,
     collect_features,
@@ -265,8 +266,19 @@ class FedDARClient(DomainAwareClient):
             point = core.hessian_point(str(config.get("hessian-at", "local")), local, start.to(feats.device))
             stats_h = core.head_statistics(feats, y, d, point, layout, loss,
                                            max_hessian_params=int(config.get("max-hessian-params", 4096)))
-            arrays.append(stats_h.hessians.cpu().numpy())
+            arrays.append(hessian_upload(stats_h.hessians.cpu().numpy(), str(config.get("hessian-upload", "full"))))
         return arrays, metrics
+
+
+def hessian_upload(hessians: np.ndarray, how: str) -> np.ndarray:
+    """The (M, P, P) head Hessians as the server asked for them (``hessian-upload``): whole,
+    or each one's upper triangle (M, P(P+1)/2), in float64 or float32."""
+    if how not in HESSIAN_UPLOADS:
+        raise ValueError(f"unknown hessian-upload={how!r}; expected one of {', '.join(map(repr, HESSIAN_UPLOADS))}")
+    if how == "full":
+        return hessians
+    packed = pack_symmetric(hessians)
+    return packed.astype(np.float32) if how == "packed-float32" else packed
 
 
 class _PerDomainModels(nn.Module):

@@ -59,7 +59,8 @@ from flwr.server.server import fit_clients
 from flwr_pfl.core import feddar as core
 from flwr_pfl.core.aggregation import weighted_average
 from flwr_pfl.core.metrics import aggregate_client_metrics
-from flwr_pfl.errors import ReplyError
+from flwr_pfl.core.packing import unpack_symmetric
+from flwr_pfl.errors import ConfigError, ReplyError
 from flwr_pfl.strategies.base import PFLStrategy, check_unclaimed
 from flwr_pfl.strategies.decode import decode_arrays
 from flwr_pfl.strategies.sampling import in_partition_order
@@ -67,6 +68,8 @@ from flwr_pfl.strategies.validation import ClientReply, Scalar, check_arrays
 
 #: head size above which second-order aggregation is warned about (P = N (k + 1); the paper
 #: found SA unstable from k = 64 with 10 classes, P = 650)
+#: how FedDAR-SA's head Hessians travel (:class:`FedDAR`'s ``hessian_upload``)
+HESSIAN_UPLOADS = ("full", "packed", "packed-float32")
 SA_COMFORTABLE_PARAMS = 400
 
 NDArrays = list[np.ndarray]
@@ -254,6 +257,11 @@ class FedDAR(DomainCountingStrategy):
         cache_features: compute features once per head phase with the frozen encoder in eval
             mode and train the heads on them (exact without data augmentation).
         max_hessian_params: clients refuse SA heads with more parameters (spec 8.5).
+        hessian_upload: how SA's Hessians travel (:data:`HESSIAN_UPLOADS`): ``"full"`` (M x P x
+            P float64, the paper's exact values), ``"packed"`` (each symmetric Hessian's upper
+            triangle, float64: about half the bytes; the lower triangle becomes the mirror of the
+            upper, equal up to float rounding) or ``"packed-float32"`` (also in float32: about a
+            quarter of the bytes, values rounded to 7 digits).
         reweight: u_m re-weighting of the representation loss (Eq. 6).
         **kwargs: :class:`PFLStrategy` arguments. ``on_fit_config_fn``'s keys reach both
             phases of a round (a ``learning-rate`` is then scaled by ``lr-scale``);
@@ -280,10 +288,15 @@ class FedDAR(DomainCountingStrategy):
         sa_options: core.SAOptions | None = None,
         cache_features: bool = True,
         max_hessian_params: int = 4096,
+        hessian_upload: str = "full",
         reweight: bool = True,
         **kwargs: Any,
     ) -> None:
+        if hessian_upload not in HESSIAN_UPLOADS:
+            raise ConfigError(f"FedDAR: hessian_upload (feddar.hessian-upload) = {hessian_upload!r} is not allowed; "
+                              f"choose one of {', '.join(map(repr, HESSIAN_UPLOADS))}")
         super().__init__(reweight=reweight, **kwargs)
+        self.hessian_upload = hessian_upload
         self.aggregation = core.HeadAggregation(aggregation)
         self._warned: set[str] = set()  # head-size warnings already given (once per run each)
         self.hessian_at = core.HessianAt(hessian_at)
@@ -383,6 +396,7 @@ class FedDAR(DomainCountingStrategy):
                 "hessian-at": self.hessian_at.value,
                 "cache-features": self.cache_features,
                 "max-hessian-params": self.max_hessian_params,
+                "hessian-upload": self.hessian_upload,
             },
         )
         ins = FitIns(ndarrays_to_parameters(list(self.global_arrays or [])), config)
@@ -458,9 +472,15 @@ class FedDAR(DomainCountingStrategy):
         who = f"{proxy.cid} (partition {partition_id})"
         arrays = decode_arrays(res.parameters)
         m, p = self.num_domains, self.layout.num_params
-        shapes = [(m, p), (m,)] + ([(m, p, p)] if self.aggregation is core.HeadAggregation.SA else [])
-        check_arrays(who, arrays, shapes, res.num_examples, [np.dtype(np.float64)] * len(shapes))  # as the clients send them
+        shapes, dtypes = [(m, p), (m,)], [np.dtype(np.float64)] * 2  # as the clients send them
+        if self.aggregation is core.HeadAggregation.SA:
+            packed = self.hessian_upload != "full"
+            shapes.append((m, p * (p + 1) // 2) if packed else (m, p, p))
+            dtypes.append(np.dtype(np.float32 if self.hessian_upload == "packed-float32" else np.float64))
+        check_arrays(who, arrays, shapes, res.num_examples, dtypes)
         _check_counts(who, arrays[1], res.num_examples)
+        if self.aggregation is core.HeadAggregation.SA and self.hessian_upload != "full":
+            arrays = [*arrays[:2], unpack_symmetric(arrays[2].astype(np.float64), p)]
         if partition_id >= 0:
             self.partition_of[proxy.cid] = partition_id
             self.count_table[partition_id] = arrays[1].astype(np.float64)  # keeps u current

@@ -17,7 +17,7 @@ from flwr_pfl.clients.feddar import FedDARClient, ReweightedFedAvgClient, Separa
 from flwr_pfl.core import feddar as core
 from flwr_pfl.data.synthetic.feddar import register_feddar_synthetic
 from flwr_pfl.errors import ConfigError
-from flwr_pfl.strategies.feddar import FedAvgMultiHead, FedDAR, ReweightedFedAvg, SeparateFedAvg
+from flwr_pfl.strategies.feddar import HESSIAN_UPLOADS, FedAvgMultiHead, FedDAR, ReweightedFedAvg, SeparateFedAvg
 
 register_feddar_synthetic()
 
@@ -64,6 +64,10 @@ class FedDAROptions:
             and train the heads on them (default true; exact without data augmentation).
         max_hessian_params: refuse SA heads with more parameters than this (P = N (k + bias);
             default 4096, spec 8.5): use a small ``feature-dim``.
+        hessian_upload: how SA's Hessians travel: ``full`` (default: M x P x P float64, exact),
+            ``packed`` (each symmetric Hessian's upper triangle in float64, about half the bytes)
+            or ``packed-float32`` (also in float32, about a quarter);
+            ``docs/benchmark/feddar/hessian_upload.md`` measures what each changes.
     The head loss follows the task: squared error for regression, softmax cross-entropy
     (multi-class Hessian, spec 3.4) for classification.
     """
@@ -87,6 +91,7 @@ class FedDAROptions:
     sa_trust_radius: float = 1.0
     cache_features: bool = True
     max_hessian_params: int = 4096
+    hessian_upload: str = "full"
 
     def __post_init__(self) -> None:
         check_choice("feddar.aggregation", self.aggregation, tuple(a.value for a in core.HeadAggregation))
@@ -94,6 +99,7 @@ class FedDAROptions:
         check_choice("feddar.hessian-at", self.hessian_at, tuple(a.value for a in core.HessianAt))
         check_choice("feddar.sa-weighting", self.sa_weighting, tuple(a.value for a in core.SAWeighting))
         check_choice("feddar.sa-solver", self.sa_solver, tuple(a.value for a in core.SASolver))
+        check_choice("feddar.hessian-upload", self.hessian_upload, HESSIAN_UPLOADS)
         for field, value, low in (
             ("head-epochs", self.head_epochs, 0), ("rep-epochs", self.rep_epochs, 0),
             ("lr-decay-round", self.lr_decay_round, 0), ("warmup-rounds", self.warmup_rounds, 0),
@@ -130,6 +136,7 @@ class FedDAROptions:
             "sa_options": self.sa_options(),
             "cache_features": self.cache_features,
             "max_hessian_params": self.max_hessian_params,
+            "hessian_upload": self.hessian_upload,
             "reweight": self.reweight,
         }
 

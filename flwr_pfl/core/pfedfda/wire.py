@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from flwr_pfl.core.packing import pack_symmetric, unpack_symmetric
 from flwr_pfl.core.pfedfda.checks import ArrayLike, _numpy
 
 
@@ -45,17 +46,13 @@ def split_wire(
 
 def cov_to_triu(cov: np.ndarray) -> np.ndarray:
     """Upper triangle (row-major, with diagonal) of a symmetric (d, d) matrix: d(d+1)/2 values."""
-    sigma = np.asarray(cov)
-    if sigma.ndim != 2 or sigma.shape[0] != sigma.shape[1]:
-        raise ValueError(f"cov must be square, got shape {sigma.shape}")
-    return sigma[np.triu_indices(sigma.shape[0])]
+    if np.ndim(cov) != 2:
+        raise ValueError(f"cov must be square, got shape {np.shape(cov)}")
+    return pack_symmetric(cov)
 
 
 def triu_to_cov(values: np.ndarray, dim: int) -> np.ndarray:
     """Symmetric (d, d) matrix from its packed upper triangle (inverse of :func:`cov_to_triu`)."""
-    v = np.asarray(values)
-    if v.shape != (dim * (dim + 1) // 2,):
-        raise ValueError(f"a packed {dim}x{dim} covariance has {dim * (dim + 1) // 2} values, got shape {v.shape}")
-    out = np.zeros((dim, dim), dtype=v.dtype)
-    out[np.triu_indices(dim)] = v
-    return out + np.triu(out, 1).T
+    if np.ndim(values) != 1:
+        raise ValueError(f"a packed {dim}x{dim} covariance has {dim * (dim + 1) // 2} values, got shape {np.shape(values)}")
+    return unpack_symmetric(values, dim)
