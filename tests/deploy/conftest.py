@@ -138,6 +138,20 @@ class Fleet:
             return "unknown"
         return str(runs[-1].get("status", "unknown")) if runs else "none"
 
+    @staticmethod
+    def wait_for_evaluation(rows: Path, server_round: int, timeout: float = 300.0) -> bool:
+        """Wait until a run's ``metrics.jsonl`` (appended as each phase ends) holds the evaluation
+        of ``server_round``; whether it does."""
+        def evaluated() -> bool:
+            lines = rows.read_text().splitlines() if rows.exists() else []
+            return any(json.loads(line)["phase"] == "evaluate" and json.loads(line)["round"] == server_round
+                       for line in lines)
+
+        deadline = time.time() + timeout
+        while not evaluated() and time.time() < deadline:
+            time.sleep(0.2)
+        return evaluated()
+
     def wait_for_run(self, federation: str = "loop", timeout: float = 480, on_poll=None) -> str:
         """Poll until the latest run finishes (or ``timeout`` s); ``on_poll()`` runs before each poll."""
         status = "none"

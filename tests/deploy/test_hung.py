@@ -31,16 +31,7 @@ def test_a_hung_supernode_is_dropped_after_round_timeout_and_the_run_completes(f
         f"output-dir='{out}' run-name='run'"
     )
     submitted = fleet.submit_run(overrides)
-    rows_so_far = out / "run" / "metrics.jsonl"  # appended as each phase ends
-
-    def round_one_evaluated() -> bool:
-        lines = rows_so_far.read_text().splitlines() if rows_so_far.exists() else []
-        return any(json.loads(line)["phase"] == "evaluate" and json.loads(line)["round"] == 1 for line in lines)
-
-    deadline = time.time() + 300
-    while not round_one_evaluated() and time.time() < deadline:
-        time.sleep(0.2)
-    assert round_one_evaluated(), fleet.logs()
+    assert fleet.wait_for_evaluation(out / "run" / "metrics.jsonl", 1), fleet.logs()
     os.killpg(fleet.procs["supernode-2"].pid, signal.SIGSTOP)  # hung: connected, silent
     frozen_at = time.time()
 

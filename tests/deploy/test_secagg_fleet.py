@@ -11,7 +11,6 @@ import json
 import os
 import re
 import signal
-import time
 
 import pytest
 
@@ -30,16 +29,7 @@ def test_secagg_runs_on_real_supernodes_and_survives_a_node_that_dies(make_fleet
         f"secure-aggregation='secagg+' output-dir='{out}' run-name='run'"
     )
     submitted = fleet.submit_run(overrides)
-    rows_so_far = out / "run" / "metrics.jsonl"
-
-    def round_one_evaluated() -> bool:
-        lines = rows_so_far.read_text().splitlines() if rows_so_far.exists() else []
-        return any(json.loads(line)["phase"] == "evaluate" and json.loads(line)["round"] == 1 for line in lines)
-
-    deadline = time.time() + 300
-    while not round_one_evaluated() and time.time() < deadline:
-        time.sleep(0.2)
-    assert round_one_evaluated(), fleet.logs()
+    assert fleet.wait_for_evaluation(out / "run" / "metrics.jsonl", 1), fleet.logs()
     os.killpg(fleet.procs["supernode-3"].pid, signal.SIGKILL)
 
     status = fleet.wait_for_run("loop", timeout=600)
