@@ -281,3 +281,119 @@ def test_a_secure_run_on_ray_gives_the_inprocess_numbers(tmp_path, data_dir):
     ray, inprocess = ((tmp_path / name / "metrics.json").read_bytes() for name in ("ray", "inprocess"))
     assert ray == inprocess
     assert [r["participants"] for r in json.loads(ray) if r["phase"] == "fit"] == [CLIENTS, CLIENTS]
+
+
+# ------------------------------------------------------------------------------ settings, unit by unit
+@pytest.mark.parametrize(("num_shares", "threshold", "sampled", "expected"), [
+    (1.0, 0.5, 4, (4, 2)),     # every sampled client shares with every other
+    (1.0, 0.5, 10, (10, 5)),
+    (1.0, 0.5, 3, (3, 2)),     # round(1.5) = 2
+    (0.5, 0.6, 10, (5, 3)),
+    (0.4, 0.5, 10, (5, 2)),    # 4 shares, even and below the sample: made odd; round(2.5) = 2
+    (0.2, 0.5, 10, (3, 2)),    # 2 -> 3 (odd)
+    (0.1, 0.5, 10, (10, 5)),   # 1 share is too few: every client
+    (4.0, 3.0, 10, (5, 3)),    # an even count below the sample is made odd
+    (4.0, 3.0, 4, (4, 3)),     # ... but not when it is the whole sample
+    (3.0, 2.0, 3, (3, 2)),
+    (1.0, 0.9, 5, (5, 4)),     # round(4.5) = 4
+    (1.0, 0.1, 5, (5, 2)),     # at least 2
+])
+def test_shares_and_threshold_follow_flowers_rules(num_shares, threshold, sampled, expected):
+    assert SecureAggregation(num_shares=num_shares, threshold=threshold).shares_and_threshold(sampled) == expected
+
+
+def test_a_threshold_equal_to_the_neighbourhood_is_allowed_one_more_is_not():
+    SecureAggregation(num_shares=1.0, threshold=4).check_sampled(4)
+    SecureAggregation().check_sampled(3)
+    with pytest.raises(ConfigError, match=r"gives 5 shares .* only 4 neighbours \(itself included\) in a round of 4"):
+        SecureAggregation(num_shares=1.0, threshold=5).check_sampled(4)
+    with pytest.raises(ConfigError, match=r"but a round samples 2"):
+        SecureAggregation().check_sampled(2)
+
+
+@pytest.mark.parametrize(("field", "value", "ok"), [
+    ("num_shares", 1.0, True), ("num_shares", 0.01, True), ("num_shares", 3.0, True), ("num_shares", 0.0, False),
+    ("num_shares", 2.0, False), ("num_shares", 3.5, False), ("num_shares", -1.0, False),
+    ("threshold", 0.99, True), ("threshold", 2.0, True), ("threshold", 1.0, False), ("threshold", 0.0, False),
+    ("threshold", 2.5, False),
+    ("clipping_range", 1e-3, True), ("clipping_range", 0.0, False), ("clipping_range", -8.0, False),
+    ("quantization_range", 1 << 31, True), ("quantization_range", 1 << 32, False), ("quantization_range", 3 << 20, False),
+    ("quantization_range", 0, False),
+    ("max_weight", 1.0, True), ("max_weight", 0.99, False),
+])
+def test_each_setting_has_its_range(field, value, ok):
+    if ok:
+        SecureAggregation(**{field: value})
+    else:
+        with pytest.raises(ConfigError, match=f"secagg-{field.replace('_', '-')}"):
+            SecureAggregation(**{field: value})
+
+
+def test_the_workflow_gets_counts_as_integers_and_fractions_as_floats():
+    counts = SecureAggregation(num_shares=5, threshold=3, clipping_range=4.0, quantization_range=1 << 20,
+                               max_weight=500.0).workflow(timeout=12.0)
+    assert (counts.num_shares, counts.reconstruction_threshold) == (5, 3)
+    assert isinstance(counts.num_shares, int) and isinstance(counts.reconstruction_threshold, int)
+    assert (counts.clipping_range, counts.quantization_range, counts.max_weight, counts.timeout) == (4.0, 1 << 20, 500.0, 12.0)
+    fractions = SecureAggregation(num_shares=0.6, threshold=0.5).workflow(timeout=None)
+    assert (fractions.num_shares, fractions.reconstruction_threshold) == (0.6, 0.5)
+    assert isinstance(fractions.num_shares, float) and fractions.timeout is None
+
+
+def test_check_maskable_boundaries_are_inclusive():
+    check_maskable([np.array([8.0, -8.0])], num_examples=1000, max_weight=1000.0, clipping_range=8.0)  # exactly +-c
+    check_maskable([np.array([16.0])], num_examples=500, max_weight=1000.0, clipping_range=8.0)  # weighted: exactly c
+    check_maskable([np.zeros(0), np.array([1.0])], num_examples=1000, max_weight=1000.0, clipping_range=8.0)
+    with pytest.raises(ValueError, match="array 0"):
+        check_maskable([np.array([16.001])], num_examples=500, max_weight=1000.0, clipping_range=8.0)
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        check_maskable([np.array([np.inf])], num_examples=5, max_weight=1000.0, clipping_range=8.0)
+
+
+def test_the_client_mod_passes_other_messages_by_and_refuses_a_stage_in_a_plain_run():
+    from flwr.app import ConfigRecord, Context, Message, RecordDict
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 1
+    secure = Context(run_id=1, node_id=5, node_config={}, state=RecordDict(), run_config={"secure-aggregation": "secagg+"})
+    query = Message(RecordDict(), dst_node_id=5, message_type="query")
+    assert secagg_module.secagg_client_mod(query, secure, lambda m, c: "answered") == "answered"
+    staged = Message(RecordDict({"secaggplus_configs": ConfigRecord({"stage": "setup"})}), dst_node_id=5,
+                     message_type="train")
+    plain = Context(run_id=1, node_id=5, node_config={}, state=RecordDict(), run_config={"secure-aggregation": "off"})
+    with pytest.raises(ValueError, match="arrived in a run without secure-aggregation"):
+        secagg_module.secagg_client_mod(staged, plain, lambda m, c: "answered")
+
+
+def test_the_rounding_is_seeded_per_run_node_and_round_and_leaves_numpys_state_alone():
+    from flwr.app import Context, Message, RecordDict
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 1
+
+    def draw(seed: int, partition: int, group: str) -> float:
+        context = Context(run_id=1, node_id=9, node_config={"partition-id": partition}, state=RecordDict(),
+                          run_config={"seed": seed})
+        message = Message(RecordDict(), dst_node_id=9, message_type="train", group_id=group)
+        with secagg_module.rounding_seeded(context, message):
+            return float(np.random.rand())
+
+    np.random.seed(123)
+    before = np.random.get_state()[1].copy()
+    first = draw(0, 1, "2")
+    assert np.array_equal(np.random.get_state()[1], before)  # restored
+    assert draw(0, 1, "2") == first
+    assert len({first, draw(1, 1, "2"), draw(0, 2, "2"), draw(0, 1, "3"), draw(0, 1, "x")}) == 5
+
+
+def test_a_failure_flower_lists_twice_counts_once():
+    from flwr.app import Error
+
+    error = Error(code=0, reason="offline")
+    twice = [Exception(error), Exception(error)]
+    assert len(secagg_module.distinct_failures(twice)) == 1
+    halted = [secagg_module.SecAggHalted("same words"), secagg_module.SecAggHalted("same words")]
+    assert len(secagg_module.distinct_failures(halted)) == 2  # one per client, though worded alike
+    assert len(secagg_module.distinct_failures([RuntimeError(), RuntimeError()])) == 2
