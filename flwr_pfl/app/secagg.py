@@ -163,7 +163,7 @@ class KeptStateSecAggPlus(SecAggPlusWorkflow):
     neighbourhoods to them.
     """
 
-    state: WorkflowState | None = None
+    state: WorkflowState
 
     def setup_stage(self, grid: Grid, context: LegacyContext, state: WorkflowState) -> bool:
         self.state = state
@@ -326,7 +326,7 @@ def fit_workflow(secagg: KeptStateSecAggPlus, strategy: RecordingStrategy) -> Ca
             asked = strategy.sampled["fit"]
             log(WARNING, "round %d: secure aggregation halted: too few of the %d clients asked completed the protocol "
                 "to reconstruct the sum; the global model is unchanged", strategy.logic.run_round(server_round), asked)
-            errors = distinct_failures(secagg.state.failures) if secagg.state is not None else []
+            errors = distinct_failures(secagg.state.failures)  # set by setup_stage, which ran: clients were sampled
             halted = [SecAggHalted(f"secure aggregation halted: too few of the {asked} clients completed the protocol")
                       for _ in range(asked - len(errors))] + errors
             strategy.aggregate_fit(server_round, [], halted)  # the round's fit row: every client asked lost

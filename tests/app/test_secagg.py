@@ -81,11 +81,18 @@ def test_the_secure_aggregate_is_the_plain_one_up_to_quantization(tmp_path, blob
 
 
 def test_a_secure_run_repeats_exactly(tmp_path, blobs_dataset):
-    """The protocol's stochastic rounding is seeded per run seed, node and round."""
+    """The protocol's stochastic rounding is seeded per run seed, node and round; each round has
+    one fit row, with every client, and ends with its evaluation and checkpoint."""
     for name in ("a", "b"):
-        run_inprocess(server_app, client_app, CLIENTS, config(tmp_path, name, **{"secure-aggregation": "secagg+"}))
+        run_inprocess(server_app, client_app, CLIENTS,
+                      config(tmp_path, name, **{"secure-aggregation": "secagg+", "num-server-rounds": 2}))
     for first, second in zip(global_arrays(tmp_path, "a"), global_arrays(tmp_path, "b"), strict=True):
         np.testing.assert_array_equal(first, second)
+    rows = json.loads((tmp_path / "a" / "metrics.json").read_text())
+    assert [(r["round"], r["phase"], r["participants"]) for r in rows if r["phase"] in ("fit", "evaluate")] == [
+        (1, "fit", CLIENTS), (1, "evaluate", CLIENTS), (2, "fit", CLIENTS), (2, "evaluate", CLIENTS)]
+    with np.load(tmp_path / "a" / "checkpoint.npz", allow_pickle=True) as saved:
+        assert int(saved["rounds_done"]) == 2
 
 
 @pytest.fixture
@@ -156,7 +163,7 @@ def test_a_node_dropping_out_before_sharing_its_keys_leaves_the_others_mean(tmp_
         np.testing.assert_allclose(secure, plain, rtol=0, atol=quantization_bound(masked))
 
 
-def test_a_round_the_protocol_cannot_finish_is_a_round_without_training(tmp_path, blobs_dataset, monkeypatch):
+def test_a_round_the_protocol_cannot_finish_is_a_round_without_training(tmp_path, blobs_dataset, monkeypatch, caplog):
     """Three of four nodes fail after the key exchange: too few shares remain, Flower's workflow
     halts without an aggregate, and the run ends failed instead of "completing"."""
     real_fit = FedAvgClient.fit
@@ -167,11 +174,17 @@ def test_a_round_the_protocol_cannot_finish_is_a_round_without_training(tmp_path
         return real_fit(self, parameters, cfg)
 
     monkeypatch.setattr(FedAvgClient, "fit", fit)
-    with pytest.raises(RunFailed):
+    with caplog.at_level("WARNING", logger="flwr"), pytest.raises(RunFailed):
         run_inprocess(server_app, client_app, CLIENTS, config(tmp_path, "secure", **{"secure-aggregation": "secagg+"}))
     summary = json.loads((tmp_path / "secure" / "summary.json").read_text())
     assert summary["status"] == "failed"
     assert "secure aggregation halted" in json.dumps(summary)
+    assert "the clients' errors (round 1, fit): 4 of 4 failed" in json.dumps(summary)
+    assert "offline" in json.dumps(summary)  # the clients' own errors are quoted too
+    assert ("round 1: secure aggregation halted: too few of the 4 clients asked completed the protocol to reconstruct "
+            "the sum; the global model is unchanged") in caplog.text
+    fits = [r for r in json.loads((tmp_path / "secure" / "metrics.json").read_text()) if r["phase"] == "fit"]
+    assert [(r["round"], r["num_failures"], r["participants"]) for r in fits] == [(1, CLIENTS, 0)]
 
 
 def test_a_client_with_more_examples_than_max_weight_refuses_to_be_masked(tmp_path, blobs_dataset):
@@ -179,6 +192,45 @@ def test_a_client_with_more_examples_than_max_weight_refuses_to_be_masked(tmp_pa
         run_inprocess(server_app, client_app, CLIENTS,
                       config(tmp_path, "secure", **{"secure-aggregation": "secagg+", "secagg-max-weight": 10.0}))
     assert "secagg-max-weight" in (tmp_path / "secure" / "summary.json").read_text()
+
+
+def test_a_node_dropping_out_before_sharing_keeps_its_neighbourhoods_narrow(tmp_path, blobs_dataset, monkeypatch,
+                                                                            masked):
+    """Five clients, three shares each (a client's neighbourhood is itself and two others):
+    partition 2 vanishes at setup, and the four others' mean is still exact, each client's masks
+    removed with its own neighbours only."""
+    real = secagg_module.secaggplus_mod
+    real_fit = FedAvgClient.fit
+
+    def dropping(message, context, call_next):
+        configs = message.content.config_records.get("secaggplus_configs")
+        if context.node_config["partition-id"] == 2 and configs is not None and configs.get("stage") == "setup":
+            raise ConnectionError("node 2 lost its connection")
+        return real(message, context, call_next)
+
+    def fit(self, parameters, cfg):
+        if self.partition_id == 2:
+            raise RuntimeError("partition 2 went offline")
+        return real_fit(self, parameters, cfg)
+
+    monkeypatch.setattr(secagg_module, "secaggplus_mod", dropping)
+    monkeypatch.setattr(FedAvgClient, "fit", fit)
+    five = {"num-clients": 5}
+    run_inprocess(server_app, client_app, 5, config(tmp_path, "plain", **five))
+    run_inprocess(server_app, client_app, 5, config(tmp_path, "secure", **five, **{
+        "secure-aggregation": "secagg+", "secagg-num-shares": 3, "secagg-threshold": 2}))
+    assert len(masked) == 4
+    for plain, secure in zip(global_arrays(tmp_path, "plain"), global_arrays(tmp_path, "secure"), strict=True):
+        np.testing.assert_allclose(secure, plain, rtol=0, atol=quantization_bound(masked))
+
+
+def test_evaluation_failures_of_a_secure_run_are_recorded(tmp_path, blobs_dataset, monkeypatch):
+    def evaluate(self, parameters, cfg):
+        raise RuntimeError("the test split is unreadable")
+
+    monkeypatch.setattr(FedAvgClient, "evaluate", evaluate)
+    run_inprocess(server_app, client_app, CLIENTS, config(tmp_path, "secure", **{"secure-aggregation": "secagg+"}))
+    assert "evaluate failures (round 1): 4 of 4 failed" in (tmp_path / "secure" / "summary.txt").read_text()
 
 
 # ------------------------------------------------------------------------------ client checks
