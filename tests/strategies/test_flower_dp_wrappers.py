@@ -45,13 +45,20 @@ def test_a_legacy_wrapper_that_cannot_apply_is_refused_before_any_client_trains(
     inner = strategy_of(algorithm)
     wrapper = wrap(inner)
     parameters = ndarrays_to_parameters([np.zeros(3, dtype=np.float32)])
-    with pytest.raises(ConfigError, match=rf"cannot run inside Flower's {type(wrapper).__name__}: .*{reason}"):
+    with pytest.raises(ConfigError, match=rf"cannot run inside Flower's {type(wrapper).__name__}: .*{reason}") as err:
         wrapper.configure_fit(1, parameters, None)  # refused before it samples: no client manager needed
+    assert str(err.value).endswith(". Flower's DP wrappers clip each reply against the arrays sent and noise the mean; "
+                                   "use the suite's client-level DP (dp-noise-multiplier) where the algorithm accepts "
+                                   "it, or record-level DP")
 
 
 @pytest.mark.parametrize(("overrides", "match"), [
-    ({"dp-noise-multiplier": 1.0}, "clipped and noised twice"),
-    ({"secure-aggregation": "secagg+"}, "aggregates securely"),
+    ({"dp-noise-multiplier": 1.0}, "FedAvg already applies client-level DP \\(client_dp\\); inside Flower's "
+     "DifferentialPrivacyServerSideFixedClipping it would be clipped and noised twice, with two accountants that each "
+     "ignore the other; use one$"),
+    ({"secure-aggregation": "secagg+"}, "FedAvg aggregates securely \\(secure_aggregation\\): Flower's "
+     "DifferentialPrivacyServerSideFixedClipping clips each reply on the server, which then sees none; use "
+     "record-level DP with secure aggregation$"),
 ])
 def test_a_legacy_wrapper_on_top_of_the_suites_own_privacy_is_refused(overrides, match):
     wrapper = LEGACY_WRAPPERS["server-fixed"](strategy_of("fedavg", **overrides))
@@ -64,6 +71,27 @@ def test_a_message_api_wrapper_that_cannot_apply_is_refused():
     wrapper = message_api.DifferentialPrivacyServerSideFixedClipping(inner, 1.0, 1.0, 3)
     with pytest.raises(ConfigError, match="PFedFDA cannot run inside Flower's DifferentialPrivacyServerSideFixedClipping"):
         wrapper.configure_train(1, ArrayRecord(), ConfigRecord(), None)
+
+
+def test_only_a_flower_dp_wrapper_around_this_very_strategy_counts():
+    from flwr_pfl.strategies.wrappers import calling_wrapper
+
+    mine, other = FedAvg(num_clients=3), FedAvg(num_clients=3)
+
+    def ask(strategy):
+        return calling_wrapper(strategy)  # looks at the frames above this one
+
+    def method_of(self, strategy):  # a frame whose ``self`` is ``self``, as a wrapper's method is
+        return ask(strategy)
+
+    around_mine = legacy.DifferentialPrivacyServerSideFixedClipping(mine, 1.0, 1.0, 3)
+    assert method_of(around_mine, mine) is around_mine
+    assert method_of(legacy.DifferentialPrivacyServerSideFixedClipping(other, 1.0, 1.0, 3), mine) is None
+
+    class NotAWrapper:
+        strategy = mine
+
+    assert method_of(NotAWrapper(), mine) is None
 
 
 def test_the_plain_loop_calls_are_not_taken_for_a_wrapper():
