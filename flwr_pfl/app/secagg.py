@@ -320,8 +320,7 @@ def fit_workflow(secagg: KeptStateSecAggPlus, strategy: RecordingStrategy) -> Ca
 
     def fit(grid: Grid, context: Context) -> None:
         server_round = int(cast(int, context.state.config_records[MAIN_CONFIGS_RECORD][Key.CURRENT_ROUND]))
-        strategy.sampled["fit"] = 0
-        secagg(grid, cast(LegacyContext, context))
+        secagg(grid, cast(LegacyContext, context))  # its setup stage asks configure_fit: sampled is this round's
         if server_round not in strategy.aggregated and strategy.sampled["fit"]:
             asked = strategy.sampled["fit"]
             log(WARNING, "round %d: secure aggregation halted: too few of the %d clients asked completed the protocol "

@@ -224,6 +224,25 @@ def test_a_node_dropping_out_before_sharing_keeps_its_neighbourhoods_narrow(tmp_
         np.testing.assert_allclose(secure, plain, rtol=0, atol=quantization_bound(masked))
 
 
+def test_the_rounds_and_the_round_timeout_reach_flowers_workflow(tmp_path, blobs_dataset, monkeypatch):
+    seen = {}
+    real_workflow, real_context = SecureAggregation.workflow, secagg_module.LegacyContext
+
+    def workflow(self, timeout):
+        seen["protocol_timeout"] = timeout
+        return real_workflow(self, timeout)
+
+    def legacy_context(context, config, strategy):
+        seen["rounds"], seen["round_timeout"] = config.num_rounds, config.round_timeout
+        return real_context(context, config=config, strategy=strategy)
+
+    monkeypatch.setattr(SecureAggregation, "workflow", workflow)
+    monkeypatch.setattr(secagg_module, "LegacyContext", legacy_context)
+    run_inprocess(server_app, client_app, CLIENTS, config(tmp_path, "secure", **{
+        "secure-aggregation": "secagg+", "round-timeout": 30.0, "num-server-rounds": 2}))
+    assert seen == {"protocol_timeout": 30.0, "rounds": 2, "round_timeout": 30.0}
+
+
 def test_evaluation_failures_of_a_secure_run_are_recorded(tmp_path, blobs_dataset, monkeypatch):
     def evaluate(self, parameters, cfg):
         raise RuntimeError("the test split is unreadable")
