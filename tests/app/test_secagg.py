@@ -468,3 +468,48 @@ def test_a_failure_flower_lists_twice_counts_once():
     halted = [secagg_module.SecAggHalted("same words"), secagg_module.SecAggHalted("same words")]
     assert len(secagg_module.distinct_failures(halted)) == 2  # one per client, though worded alike
     assert len(secagg_module.distinct_failures([RuntimeError(), RuntimeError()])) == 2
+
+
+def test_the_refusals_say_what_is_allowed_in_full():
+    with pytest.raises(ConfigError) as shares:
+        SecureAggregation(num_shares=2)
+    assert str(shares.value) == ("secagg-num-shares=2: an integer > 2 (shares per client) or a fraction in (0, 1] of "
+                                 "the clients a round samples")
+    with pytest.raises(ConfigError) as threshold:
+        SecureAggregation(threshold=1.0)
+    assert str(threshold.value) == ("secagg-threshold=1.0: an integer >= 2 (shares that reconstruct a secret) or a "
+                                    "fraction in (0, 1) of the shares")
+    with pytest.raises(ConfigError, match="must be less than secagg-num-shares=3"):
+        SecureAggregation(num_shares=3, threshold=3)
+    with pytest.raises(ConfigError) as quantization:
+        SecureAggregation(quantization_range=1000)
+    assert str(quantization.value).endswith("(the protocol's masks are drawn modulo 2**32)")
+    with pytest.raises(ConfigError) as neighbourhood:
+        SecureAggregation(num_shares=1.0, threshold=5).check_sampled(4)
+    assert str(neighbourhood.value).endswith("clients; every round would halt. Lower secagg-threshold or raise "
+                                             "secagg-num-shares")
+    with pytest.raises(ValueError) as weight:
+        check_maskable([np.zeros(1)], num_examples=11, max_weight=10.0, clipping_range=8.0)
+    assert str(weight.value).endswith("Set secagg-max-weight to at least the largest client's number of training examples")
+    with pytest.raises(ValueError) as clipped:
+        check_maskable([np.zeros(0), np.array([100.0])], num_examples=10, max_weight=10.0, clipping_range=8.0)
+    assert str(clipped.value).endswith("would be clipped; raise secagg-clipping-range (or secagg-max-weight)")
+    assert isinstance(SecureAggregation(num_shares=3, threshold=2).workflow(None).num_shares, int)
+
+
+def test_the_client_mods_refusals_in_full():
+    from flwr.app import ConfigRecord, Context, Message, RecordDict
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 1
+    secure = Context(run_id=1, node_id=5, node_config={}, state=RecordDict(), run_config={"secure-aggregation": "secagg+"})
+    with pytest.raises(ValueError) as clear:
+        secagg_module.secagg_client_mod(Message(RecordDict(), dst_node_id=5, message_type="train"), secure, lambda m, c: m)
+    assert str(clear.value) == ("this run aggregates securely (secure-aggregation), but the train message carries no "
+                                "SecAgg+ stage: the reply would reach the server in the clear; refused")
+    staged = Message(RecordDict({"secaggplus_configs": ConfigRecord({"stage": "setup"})}), dst_node_id=5, message_type="train")
+    plain = Context(run_id=1, node_id=5, node_config={}, state=RecordDict(), run_config={})
+    with pytest.raises(ValueError) as stray:
+        secagg_module.secagg_client_mod(staged, plain, lambda m, c: m)
+    assert str(stray.value) == "a secure-aggregation stage arrived in a run without secure-aggregation; refused"
