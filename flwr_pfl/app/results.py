@@ -47,7 +47,6 @@ from typing import Any
 from flwr_pfl.app.checkpoint import Checkpoint, remove_stale_temporaries, write_checkpoint
 from flwr_pfl.app.tracking import Progress, Tracker
 from flwr_pfl.app.traffic import merge as merge_traffic
-from flwr_pfl.app.traffic import totals as traffic_totals
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.strategies.base import SERVER_EVALUATE
 from flwr_pfl.strategies.validation import describe_failures
@@ -275,11 +274,7 @@ class ResultsWriter:
         lost = lost_training_replies(self.rows)
         if lost is not None:
             summary += f"\nwarning: {lost}"
-        traffic = self._write_traffic()
-        if traffic is not None:
-            summary += (f"\ntraffic: {traffic['bytes_sent'] / 1e6:.3f} MB sent, {traffic['bytes_received'] / 1e6:.3f} MB "
-                        f"received; per client and round {traffic['bytes_sent_per_client_round'] / 1e6:.4f} MB down, "
-                        f"{traffic['bytes_received_per_client_round'] / 1e6:.4f} MB up (traffic.json)")
+        self._write_traffic()  # its own file: a resume's second start-up differs, the summary must not
         status = {
             "status": self.status,
             "problems": problems,
@@ -288,7 +283,6 @@ class ResultsWriter:
             "divergence": verdict.divergence,
             "fail_on_no_training": self.fail_on_no_training,
             "lost_training_replies": lost,
-            "traffic": traffic,
         }
         _write_atomic(self.directory / STATUS_FILE, json.dumps(status, indent=1))
         _write_atomic(self.directory / "summary.txt", summary + "\n")
@@ -296,19 +290,17 @@ class ResultsWriter:
         print(summary, flush=True)
         return summary
 
-    def _write_traffic(self) -> dict[str, float] | None:
+    def _write_traffic(self) -> None:
         """Write ``traffic.json`` (the rows a resumed run kept, of its rounds done, then this
-        process's; each process's start-up exchanges add up in round 0) and return its totals;
-        None without a traffic source."""
+        process's; each process's start-up exchanges add up in round 0), when there is a source."""
         if self.traffic_fn is None:
-            return None
+            return
         rows = self.traffic_fn()
         path = self.directory / TRAFFIC_FILE
         if self.resumed_rounds and path.exists():
             kept = [r for r in json.loads(path.read_text()) if r["round"] <= self.resumed_rounds]
             rows = merge_traffic(kept, [r for r in rows if r["round"] == 0 or r["round"] > self.resumed_rounds])
         _write_atomic(path, json.dumps(rows, indent=1))
-        return traffic_totals(rows)
 
     def _plot(self, rows: list[dict[str, Any]]) -> None:
         """``learning_curves.png`` (and ``domains.png``); skipped with a warning where matplotlib
