@@ -24,6 +24,8 @@ from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore.task_identity import TaskIdentity
 
+from flwr_pfl.app.traffic import array_bytes
+
 
 class InProcessGrid(Grid):
     """A Grid whose nodes are ``num_nodes`` in-process ClientApp calls.
@@ -81,7 +83,7 @@ class InProcessGrid(Grid):
             message_id = str(uuid4())
             message.metadata.__dict__["_message_id"] = message_id
             delivered = copy.deepcopy(message)  # the node's own copy, as over the wire
-            self.bytes_sent += _array_bytes(message.content)
+            self.bytes_sent += array_bytes(message.content)
             start = time.perf_counter()
             try:
                 reply = self._app(delivered, self.contexts[message.metadata.dst_node_id])
@@ -89,7 +91,7 @@ class InProcessGrid(Grid):
                 reply = Message(Error(code=0, reason=f"{type(err).__name__}: {err}"), reply_to=delivered)
             self.client_seconds += time.perf_counter() - start
             if not reply.has_error():
-                self.bytes_received += _array_bytes(reply.content)
+                self.bytes_received += array_bytes(reply.content)
             self._replies[message_id] = reply
             ids.append(message_id)
         return ids
@@ -99,11 +101,6 @@ class InProcessGrid(Grid):
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
         return self.pull_messages(self.push_messages(messages))
-
-
-def _array_bytes(content: RecordDict) -> int:
-    """Serialized size of every array in ``content`` (what crosses the wire)."""
-    return sum(len(array.data) for record in content.array_records.values() for array in record.values())
 
 
 def run_inprocess(

@@ -23,9 +23,14 @@ from typing import Any
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
+def array_bytes(content: RecordDict) -> int:
+    """The serialized bytes of every array in ``content``."""
+    return sum(len(array.data) for record in content.array_records.values() for array in record.values())
+
+
 def payload_bytes(content: RecordDict) -> int:
     """The bytes of ``content``'s arrays and of the byte strings in its config records."""
-    arrays = sum(len(array.data) for record in content.array_records.values() for array in record.values())
+    arrays = array_bytes(content)
     strings = 0
     for record in content.config_records.values():
         for value in record.values():

@@ -67,6 +67,12 @@ SERVER_EVALUATE = "server-evaluate"
 AGGREGATES = ("mean", "trimmed-mean")
 
 
+def per_update_bounds(clip: float | None, aggregate: str, client_dp: ClientLevelDP | None) -> list[str]:
+    """The settings asked for that the server applies to each client's update, as run keys name them."""
+    return [what for what, on in (("clip-update-norm", clip is not None), ("aggregate='trimmed-mean'", aggregate != "mean"),
+                                  ("client-level DP (dp-noise-multiplier)", client_dp is not None)) if on]
+
+
 def checks_wrapper(configure_fit: Callable[..., Any]) -> Callable[..., Any]:
     """``configure_fit`` that, on its first call, refuses a Flower DP wrapper that cannot wrap
     this algorithm (:func:`~flwr_pfl.strategies.wrappers.check_wrapped`): the wrapper asks for
@@ -366,8 +372,7 @@ class PFLStrategy(FedAvg):
             raise ConfigError(f"{name}: trim_fraction (trim-fraction) must be in [0, 0.5), got {trim!r}")
         if client_dp is not None and not isinstance(client_dp, ClientLevelDP):
             raise ConfigError(f"{name}: client_dp must be a ClientLevelDP or None, got {type(client_dp).__name__}")
-        asked = [what for what, on in (("clip-update-norm", clip is not None), ("aggregate='trimmed-mean'", aggregate != "mean"),
-                                       ("client-level DP (dp-noise-multiplier)", client_dp is not None)) if on]
+        asked = per_update_bounds(clip, aggregate, client_dp)
         refusal = self.robust_refusal or self._default_refusal()
         if asked and refusal:
             raise ConfigError(f"{name}: {' and '.join(asked)} cannot be used: {refusal}; leave them off for this algorithm")
@@ -385,8 +390,7 @@ class PFLStrategy(FedAvg):
         if refusal:
             raise ConfigError(f"{name}: secure-aggregation cannot be used: {refusal}; SecAgg+ gives the server only the "
                               "example-weighted mean of the fit replies")
-        asked = [what for what, on in (("clip-update-norm", clip is not None), ("aggregate='trimmed-mean'", aggregate != "mean"),
-                                       ("client-level DP (dp-noise-multiplier)", client_dp is not None)) if on]
+        asked = per_update_bounds(clip, aggregate, client_dp)
         if asked:
             raise ConfigError(f"{name}: secure-aggregation hides each client's update from the server, so "
                               f"{' and '.join(asked)}, which the server applies to each update, cannot be combined with it")

@@ -95,6 +95,19 @@ def test_a_secure_run_repeats_exactly(tmp_path, blobs_dataset):
         assert int(saved["rounds_done"]) == 2
 
 
+def drop_at(monkeypatch, partition: int, stage: str) -> None:
+    """``partition``'s node loses its connection when the protocol's ``stage`` reaches it."""
+    real = secagg_module.secaggplus_mod
+
+    def dropping(message, context, call_next):
+        configs = message.content.config_records.get("secaggplus_configs")
+        if context.node_config["partition-id"] == partition and configs is not None and configs.get("stage") == stage:
+            raise ConnectionError(f"node {partition} lost its connection")
+        return real(message, context, call_next)
+
+    monkeypatch.setattr(secagg_module, "secaggplus_mod", dropping)
+
+
 @pytest.fixture
 def partition_2_fails_to_train(monkeypatch) -> None:
     real_fit = FedAvgClient.fit
@@ -124,15 +137,7 @@ def test_a_node_dropping_out_before_its_masked_reply_leaves_the_others_mean(tmp_
 def test_a_node_dropping_out_while_unmasking_still_counts(tmp_path, blobs_dataset, monkeypatch, masked):
     """Partition 1 sent its masked reply, then vanished before the unmask stage: its private
     mask is rebuilt from its neighbours' shares and its reply stays in the mean of all four."""
-    real = secagg_module.secaggplus_mod
-
-    def dropping(message, context, call_next):
-        configs = message.content.config_records.get("secaggplus_configs")
-        if context.node_config["partition-id"] == 1 and configs is not None and configs.get("stage") == "unmask":
-            raise ConnectionError("node 1 lost its connection")
-        return real(message, context, call_next)
-
-    monkeypatch.setattr(secagg_module, "secaggplus_mod", dropping)
+    drop_at(monkeypatch, 1, "unmask")
     run_inprocess(server_app, client_app, CLIENTS, config(tmp_path, "plain"))
     run_inprocess(server_app, client_app, CLIENTS, config(tmp_path, "secure", **{"secure-aggregation": "secagg+"}))
     assert len(masked) == CLIENTS
@@ -147,15 +152,7 @@ def test_a_node_dropping_out_before_sharing_its_keys_leaves_the_others_mean(tmp_
     of its secrets, and the round aggregates the three others (as the plain run whose partition
     2 fails). Flower 1.42 alone asks the others for shares of it in the unmask stage, and every
     client fails there: the round would halt."""
-    real = secagg_module.secaggplus_mod
-
-    def dropping(message, context, call_next):
-        configs = message.content.config_records.get("secaggplus_configs")
-        if context.node_config["partition-id"] == 2 and configs is not None and configs.get("stage") == stage:
-            raise ConnectionError("node 2 lost its connection")
-        return real(message, context, call_next)
-
-    monkeypatch.setattr(secagg_module, "secaggplus_mod", dropping)
+    drop_at(monkeypatch, 2, stage)
     run_inprocess(server_app, client_app, CLIENTS, config(tmp_path, "plain"))
     run_inprocess(server_app, client_app, CLIENTS, config(tmp_path, "secure", **{"secure-aggregation": "secagg+"}))
     assert len(masked) == CLIENTS - 1
@@ -199,21 +196,14 @@ def test_a_node_dropping_out_before_sharing_keeps_its_neighbourhoods_narrow(tmp_
     """Five clients, three shares each (a client's neighbourhood is itself and two others):
     partition 2 vanishes at setup, and the four others' mean is still exact, each client's masks
     removed with its own neighbours only."""
-    real = secagg_module.secaggplus_mod
+    drop_at(monkeypatch, 2, "setup")
     real_fit = FedAvgClient.fit
-
-    def dropping(message, context, call_next):
-        configs = message.content.config_records.get("secaggplus_configs")
-        if context.node_config["partition-id"] == 2 and configs is not None and configs.get("stage") == "setup":
-            raise ConnectionError("node 2 lost its connection")
-        return real(message, context, call_next)
 
     def fit(self, parameters, cfg):
         if self.partition_id == 2:
             raise RuntimeError("partition 2 went offline")
         return real_fit(self, parameters, cfg)
 
-    monkeypatch.setattr(secagg_module, "secaggplus_mod", dropping)
     monkeypatch.setattr(FedAvgClient, "fit", fit)
     five = {"num-clients": 5}
     run_inprocess(server_app, client_app, 5, config(tmp_path, "plain", **five))
