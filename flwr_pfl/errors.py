@@ -31,6 +31,16 @@ class DivergedError(RuntimeError):
     """
 
 
+class NoTrainingError(RuntimeError):
+    """Every client asked to train failed or was rejected, and no round has trained yet.
+
+    An error that every client raises at the first round (a batch without the expected keys, a
+    model the algorithm cannot use, a bad setting) repeats in every round: going on would end a
+    run that trained nothing as if it had completed. The message names the strategy, the round
+    and quotes the clients' errors.
+    """
+
+
 class DataNotFoundError(FileNotFoundError):
     """A dataset is not on disk and could not be downloaded; the message says where it looked."""
 

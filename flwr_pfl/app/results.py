@@ -48,7 +48,7 @@ from flwr_pfl.app.checkpoint import Checkpoint, remove_stale_temporaries, write_
 from flwr_pfl.app.tracking import Progress, Tracker
 from flwr_pfl.app.traffic import merge as merge_traffic
 from flwr_pfl.errors import ConfigError
-from flwr_pfl.strategies.base import SERVER_EVALUATE
+from flwr_pfl.strategies.base import EVALUATION_PHASES, accepted_replies, lost_replies
 from flwr_pfl.strategies.validation import describe_failures
 
 Scalar = bool | bytes | float | int | str
@@ -67,8 +67,6 @@ RESULT_FILES = ("config.json", METRICS_LOG, "metrics.json", "checkpoint.npz", "s
 
 #: the values of ``status`` in ``summary.json``
 COMPLETED, FAILED = "completed", "failed"
-#: the phases that evaluate; every other phase (fit, FedDAR's head phase, ...) trains
-EVALUATION_PHASES = ("evaluate", SERVER_EVALUATE)
 #: a final weighted accuracy at most this far above chance (1 / classes) counts as at chance
 CHANCE_MARGIN = 0.05
 #: a loss above this has exploded (a cross-entropy at chance is ln(classes), 2.3 for 10 classes)
@@ -423,12 +421,6 @@ def judge_run(rows: Sequence[Mapping[str, Any]], num_classes: int | None = None)
     return Verdict(tuple(rounds_without_training(rows)), divergence(rows, num_classes))
 
 
-def accepted_replies(row: Mapping[str, Any]) -> int:
-    """The replies a row's aggregation accepted: its ``participants`` (fit and evaluate rows)
-    or ``num_clients`` (any aggregation that summarised replies)."""
-    return int(max(row.get("participants") or 0, row.get("num_clients") or 0))
-
-
 def rounds_without_training(rows: Sequence[Mapping[str, Any]]) -> list[int]:
     """The rounds in which clients were asked to train and no reply was accepted.
 
@@ -444,7 +436,7 @@ def rounds_without_training(rows: Sequence[Mapping[str, Any]]) -> list[int]:
         if row["phase"] in EVALUATION_PHASES:
             continue
         server_round = int(row["round"])
-        lost[server_round] = lost.get(server_round, 0.0) + (row.get("num_failures") or 0) + (row.get("num_dropped") or 0)
+        lost[server_round] = lost.get(server_round, 0.0) + lost_replies(row)
         accepted[server_round] = accepted.get(server_round, 0) + accepted_replies(row)
     return sorted(r for r in lost if lost[r] > 0 and accepted[r] == 0)
 

@@ -41,6 +41,7 @@ def build_strategy(experiment: Experiment, writer: ResultsWriter | None = None, 
         fraction_fit=run.fraction_fit,
         fraction_evaluate=run.fraction_evaluate,
         on_round=writer.on_round if writer is not None else None,
+        stop_if_nothing_trains=False,  # the results writer judges the whole run at its end
         wait_timeout=run.wait_timeout,
         min_available_clients=run.min_available_clients,
         round_timeout=run.round_timeout_seconds,

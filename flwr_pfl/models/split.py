@@ -33,7 +33,9 @@ HeadSpec = Union[str, nn.Module, Sequence[str], Callable[[str], bool]]
 HeadRequirement = Literal["none", "parameters", "module"]
 
 _MODULE = "module."
-_EXTRA = "extra_heads."
+#: where the heads 1..M-1 of a several-head model are in its state_dict (head 0 is the user's own)
+EXTRA_HEADS = "extra_heads."
+_EXTRA = EXTRA_HEADS
 _LISTED = 40
 
 

@@ -22,7 +22,7 @@ from flwr.app import ArrayRecord
 from flwr_pfl.clients.base import EXTRA_SEPARATOR, WIRE_LAYOUT
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.messages import is_positional, unpack_arrays
-from flwr_pfl.models.split import HeadSplit
+from flwr_pfl.models.split import EXTRA_HEADS, HeadSplit
 
 #: ``(name, shape)`` of each wire array, in order
 Layout = list[tuple[str, tuple[int, ...]]]
@@ -59,12 +59,39 @@ def is_algorithm_array(name: str) -> bool:
     return EXTRA_SEPARATOR in name
 
 
+def outside_user_model(name: str) -> bool:
+    """Whether wire array ``name`` (as :func:`user_name` gives it) has no place in the user's
+    own model: an algorithm's own array (:func:`is_algorithm_array`) or a head the client added
+    (FedDAR's heads of domains 1..M-1, ``extra_heads.<i>.*``)."""
+    return is_algorithm_array(name) or name.startswith(EXTRA_HEADS)
+
+
+def head_copies(layout: Layout) -> dict[str, str]:
+    """Each added head's wire array -> the user's head's array it starts as a copy of. A model
+    with several heads (:class:`~flwr_pfl.models.split.HeadSplit`) has on the wire its body, the
+    user's head (head 0), then heads 1..M-1, each a copy of head 0's module: the same entries in
+    the same order."""
+    extra = [name for name, _ in layout if user_name(name).startswith(EXTRA_HEADS)]
+    if not extra:
+        return {}
+    first = next(i for i, (name, _) in enumerate(layout) if name == extra[0])
+    head_size = next((i for i, name in enumerate(extra) if name.split(".")[1] != extra[0].split(".")[1]), len(extra))
+    head = [name for name, _ in layout[first - head_size: first]]
+    return {name: head[i % head_size] for i, name in enumerate(extra)}
+
+
 def select_wire_arrays(
-    record: ArrayRecord, layout: Layout, algorithm_arrays: Callable[[], Mapping[str, np.ndarray]] | None = None
+    record: ArrayRecord,
+    layout: Layout,
+    algorithm_arrays: Callable[[], Mapping[str, np.ndarray]] | None = None,
+    current: Mapping[str, np.ndarray] | None = None,
 ) -> list[np.ndarray]:
-    """The arrays of ``layout``, taken from ``record`` by name, in wire order; the algorithm's
-    own arrays that ``record`` lacks (:func:`is_algorithm_array`) from ``algorithm_arrays()``
-    when given (one client's initial arrays, by name: the legacy server starts from those).
+    """The arrays of ``layout``, taken from ``record`` by name, in wire order. Those that have no
+    place in the user's model (:func:`outside_user_model`), which a user's ``state_dict`` lacks,
+    are filled: from ``current`` (the arrays of the round before, by user name) when given; an
+    added head from the user's own head in ``record``, as each client starts it
+    (:func:`head_copies`); an algorithm's own array from ``algorithm_arrays()`` when given (one
+    client's initial arrays, by name: the legacy server starts from those).
 
     Raises:
         ConfigError: ``record`` lacks some of the layout's model arrays (naming those and the
@@ -72,10 +99,20 @@ def select_wire_arrays(
     """
     wanted = [user_name(name) for name, _ in layout]
     keys = {name: _find(record, name) for name, _ in layout}
-    missing = [user_name(name) for name, key in keys.items() if key is None]
-    filled: Mapping[str, np.ndarray] = {}
+    filled: dict[str, np.ndarray] = {}
+    copies = head_copies(layout)
+    for name, key in keys.items():
+        own = user_name(name)
+        if key is not None or not outside_user_model(own):
+            continue
+        if current is not None and own in current:
+            filled[own] = np.asarray(current[own])
+        elif name in copies and keys[copies[name]] is not None:
+            filled[own] = record[str(keys[copies[name]])].numpy()
+    missing = [user_name(name) for name, key in keys.items() if key is None and user_name(name) not in filled]
     if missing and algorithm_arrays is not None and all(is_algorithm_array(name) for name in missing):
-        filled = algorithm_arrays()
+        given = algorithm_arrays()
+        filled |= {name: np.asarray(given[name]) for name in missing if name in given}
         missing = [name for name in missing if name not in filled]
     if missing:
         used = {key for key in keys.values() if key is not None}

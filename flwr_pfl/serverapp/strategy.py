@@ -36,7 +36,15 @@ from flwr_pfl import messages
 from flwr_pfl.app.nodes import ask_a_node, first_answer, partition_count, wait_for_nodes
 from flwr_pfl.clients.base import FEDERATION_QUERY, WIRE_LAYOUT_QUERY
 from flwr_pfl.errors import ConfigError
-from flwr_pfl.serverapp.layout import Layout, is_positional, parse_layout, record_arrays, select_wire_arrays, user_name
+from flwr_pfl.serverapp.layout import (
+    Layout,
+    is_positional,
+    outside_user_model,
+    parse_layout,
+    record_arrays,
+    select_wire_arrays,
+    user_name,
+)
 from flwr_pfl.serverapp.nodes import EVALUATE, TRAIN, GridClientManager, MessageNode, NodeFailure, reply_content
 from flwr_pfl.strategies import hooks
 from flwr_pfl.strategies.wrappers import calling_wrapper, check_wrapped
@@ -86,6 +94,13 @@ class PFLMessageStrategy(Strategy):
         self._returned: ArrayRecord | None = None  # the record last handed to Flower's loop
         self._started = False
         self._pending: dict[str, dict[int, MessageNode]] = {}  # phase -> node id -> node asked
+        self._layout: Layout | None = None  # the clients' wire layout, once asked
+        #: the user's whole state_dict the first named arrays held (name -> array), or None
+        self._template: dict[str, Any] | None = None
+        #: the global wire arrays that have no place in the user's model (pFedFDA's class
+        #: statistics, FedDAR's heads of domains 1..M-1), by wire name, as of the latest round;
+        #: empty when there are none or the arrays are not named
+        self.extra_arrays = ArrayRecord()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._logic!r})"
@@ -146,9 +161,12 @@ class PFLMessageStrategy(Strategy):
         """Flower's ``start``. A strategy made without ``num_clients`` (as Flower's own are: they
         sample among the nodes there are) first learns the federation's size from the grid
         (:meth:`federation_size`) and builds its round logic with it; ``num_rounds`` is the
-        logic's too (:meth:`adopt_num_rounds`)."""
+        logic's too (:meth:`adopt_num_rounds`). ``evaluate_fn`` is refused, with the reason,
+        by an algorithm without a global model (FEDORA, Local, ...): it would score the
+        untouched initial model every round."""
         self.ensure_logic(grid, timeout, num_rounds)
         self.adopt_num_rounds(num_rounds)
+        hooks.check_hook(type(self).__name__, "evaluate_fn", evaluate_fn, self.logic.refused_hooks)
         return super().start(grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, evaluate_fn)
 
     def federation_size(self, grid: Grid, timeout: float) -> int:
@@ -193,13 +211,16 @@ class PFLMessageStrategy(Strategy):
         return first_answer(node_ids, lambda node_id: ask(manager.node(node_id)), f"the {what} query")
 
     def wire_layout(self, manager: GridClientManager) -> Layout:
-        """The clients' wire layout, asked of one node (and its names kept for naming arrays)."""
+        """The clients' wire layout, asked of one node once (and its names kept for naming arrays)."""
+        if self._layout is not None:
+            return self._layout
         timeout = self.logic.exchange_timeout(self.logic.wait_timeout)
         answer = self._first_answer(
             manager, lambda node: node.get_properties(GetPropertiesIns(dict(WIRE_LAYOUT_QUERY)), timeout, None).properties, "wire-layout"
         )
         layout = parse_layout(dict(answer))
         self.wire_names = [user_name(name) for name, _ in layout]
+        self._layout = layout
         return layout
 
     def initial_parameters(self, manager: GridClientManager) -> Parameters:
@@ -225,17 +246,43 @@ class PFLMessageStrategy(Strategy):
         if len(arrays) == 0:
             parameters = self._parameters if self._parameters is not None else self.initial_parameters(manager)
         else:
+            if self._template is None and not is_positional(arrays):
+                self._template = {name: array.numpy() for name, array in arrays.items()}
             ordered = record_arrays(arrays, self.wire_names)
             if ordered is None:
+                current = None
+                if self._parameters is not None and self.wire_names is not None:
+                    current = dict(zip(self.wire_names, parameters_to_ndarrays(self._parameters)))
                 ordered = select_wire_arrays(  # an algorithm's own arrays (pFedFDA's statistics) from a node
-                    arrays, self.wire_layout(manager), lambda: _by_name(self.node_initial_arrays(manager)))
+                    arrays, self.wire_layout(manager), lambda: _by_name(self.node_initial_arrays(manager)), current)
             parameters = ndarrays_to_parameters(ordered)
         self._parameters = parameters
         return parameters
 
     def record(self, parameters: Parameters) -> ArrayRecord:
-        """``parameters`` as the ArrayRecord handed back to Flower's loop (named when known)."""
-        self._returned = messages.pack_arrays(parameters_to_ndarrays(parameters), self.wire_names)
+        """``parameters`` as the ArrayRecord handed back to Flower's loop: what ``evaluate_fn``
+        receives and ``Result.arrays`` holds.
+
+        When the arrays first given (``start()``'s ``initial_arrays``) were the user's whole
+        ``state_dict``, it is that ``state_dict`` again, loadable into the user's model with
+        ``load_state_dict``: the global arrays by name, and where the algorithm shares only a
+        part (FedRep's and pFedFDA's body, FedBN's layers outside BatchNorm), the rest as it
+        was given (the clients' own parts stay on the nodes). The global arrays that have no
+        place in the user's model are kept apart in :attr:`extra_arrays`. Otherwise the wire
+        arrays, named when known."""
+        arrays = parameters_to_ndarrays(parameters)
+        names = self.wire_names
+        if self._template is None or names is None or len(names) != len(arrays):
+            self._returned = messages.pack_arrays(arrays, names)
+            return self._returned
+        trained = dict(zip(names, arrays))
+        model = {name: trained.get(name, initial) for name, initial in self._template.items()}
+        self.extra_arrays = messages.pack_arrays(*_named({n: a for n, a in trained.items() if n not in model}))
+        outside = [n for n in trained if n not in model and not outside_user_model(n)]
+        if outside:  # a wire array neither in the user's model nor the algorithm's own: keep the wire arrays
+            self._returned = messages.pack_arrays(arrays, names)
+            return self._returned
+        self._returned = messages.pack_arrays(*_named(model))
         return self._returned
 
     # ---------------------------------------------------------------- Message-API steps
@@ -265,7 +312,8 @@ class PFLMessageStrategy(Strategy):
             self.phase_done(server_round, "fit", results, failures)
             if parameters is not None:
                 self._parameters = parameters
-            out = (None if parameters is None else self.record(parameters), numeric_record(metrics))
+            hands_back = parameters is not None and self.logic.has_global_model
+            out = (self.record(parameters) if hands_back else None, numeric_record(metrics))
         if self._parameters is not None:  # the legacy loop's server-side evaluation of the round
             self.logic.evaluate(server_round, self._parameters)
         return out
@@ -345,6 +393,11 @@ class PFLMessageStrategy(Strategy):
 def numeric_record(metrics: dict[str, Any]) -> MetricRecord:
     """The numeric entries of ``metrics`` (no booleans, strings or None) as a MetricRecord."""
     return MetricRecord({k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+
+
+def _named(arrays: dict[str, Any]) -> tuple[list[Any], list[str]]:
+    """``arrays`` as the (arrays, names) that :func:`~flwr_pfl.messages.pack_arrays` takes."""
+    return list(arrays.values()), list(arrays)
 
 
 def _by_name(record: ArrayRecord) -> dict[str, Any]:

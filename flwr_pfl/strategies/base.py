@@ -15,7 +15,7 @@ import concurrent.futures
 import functools
 import time
 from dataclasses import replace
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from logging import INFO, WARNING
 from typing import Any, ClassVar
 
@@ -47,12 +47,12 @@ from flwr_pfl.core.robust import (
     update_norm,
     upper_median,
 )
-from flwr_pfl.errors import ConfigError, DivergedError, NumRoundsRequired, ReplyError
+from flwr_pfl.errors import ConfigError, DivergedError, NoTrainingError, NumRoundsRequired, ReplyError
 from flwr_pfl.strategies import hooks
 from flwr_pfl.strategies.decode import decode_arrays
 from flwr_pfl.strategies.privacy import ClientLevelDP, PrivateAggregator
 from flwr_pfl.strategies.sampling import PARTITION_QUERY, in_partition_order, sample_indices, sample_size, sampling_rng
-from flwr_pfl.strategies.validation import ClientReply, Scalar, check_arrays
+from flwr_pfl.strategies.validation import ClientReply, Scalar, check_arrays, describe_failures
 from flwr_pfl.strategies.wrappers import calling_wrapper, check_wrapped
 
 NDArrays = list[np.ndarray]
@@ -63,6 +63,8 @@ MetricsFn = Callable[[list[tuple[int, dict[str, Scalar]]]], dict[str, Scalar]]
 EvaluateFn = Callable[[int, NDArrays, dict[str, Scalar]], "tuple[float, dict[str, Scalar]] | None"]
 #: the phase of the results rows that record ``evaluate_fn``'s answers
 SERVER_EVALUATE = "server-evaluate"
+#: the phases that evaluate; every other phase (fit, FedDAR's head phase, ...) trains
+EVALUATION_PHASES = ("evaluate", SERVER_EVALUATE)
 #: values of ``aggregate``
 AGGREGATES = ("mean", "trimmed-mean")
 
@@ -71,6 +73,31 @@ def per_update_bounds(clip: float | None, aggregate: str, client_dp: ClientLevel
     """The settings asked for that the server applies to each client's update, as run keys name them."""
     return [what for what, on in (("clip-update-norm", clip is not None), ("aggregate='trimmed-mean'", aggregate != "mean"),
                                   ("client-level DP (dp-noise-multiplier)", client_dp is not None)) if on]
+
+
+def accepted_replies(row: Mapping[str, Any]) -> int:
+    """The replies an aggregation accepted, from its metrics row: its ``participants`` (fit and
+    evaluate rows) or ``num_clients`` (any aggregation that summarised replies)."""
+    return int(max(row.get("participants") or 0, row.get("num_clients") or 0))
+
+
+def lost_replies(row: Mapping[str, Any]) -> float:
+    """The replies an aggregation lost, from its metrics row: errors, rejected replies and
+    clients that did not answer in time (``num_failures`` + ``num_dropped``)."""
+    return float((row.get("num_failures") or 0) + (row.get("num_dropped") or 0))
+
+
+def remembers_failures(aggregate_fit: Callable[..., Any]) -> Callable[..., Any]:
+    """``aggregate_fit`` that keeps the round's failures list (the clients' errors and the
+    replies it rejects) for :meth:`PFLStrategy.check_trained` to quote."""
+
+    @functools.wraps(aggregate_fit)
+    def remembering(self: PFLStrategy, server_round: int, results: Any, failures: Any) -> Any:
+        self._fit_failures = failures
+        return aggregate_fit(self, server_round, results, failures)
+
+    remembering.remembers_failures = True  # type: ignore[attr-defined]
+    return remembering
 
 
 def checks_wrapper(configure_fit: Callable[..., Any]) -> Callable[..., Any]:
@@ -190,6 +217,14 @@ class PFLStrategy(FedAvg):
             the new global arrays as it is. No single update can be seen, so the outlier screen
             does not run (the aggregate's divergence check does) and a rejected reply makes the
             round unusable (its arrays are inside the sum): the global model stays unchanged.
+        stop_if_nothing_trains: end the run with :class:`~flwr_pfl.errors.NoTrainingError`
+            (quoting the clients' errors) at the first training phase in which every client
+            asked failed or was rejected while no phase of the run has trained yet (see
+            :meth:`check_trained`). Such an error (a batch without the expected keys, a model the
+            algorithm cannot use) repeats in every round, and Flower's loop would otherwise
+            finish the run as completed with the initial model. False goes on with warnings, as
+            Flower's FedAvg does. The suite's own app sets it to False and judges the whole run
+            at its end instead (:func:`~flwr_pfl.app.results.judge_run`).
 
     ``clip_update_norm`` and ``"trimmed-mean"`` apply to algorithms whose replies are the global
     arrays trained further and whose aggregation is this class's weighted mean (FedAvg, Local,
@@ -225,12 +260,22 @@ class PFLStrategy(FedAvg):
     #: what the latest aggregation returned (None: nothing yet)
     _returned: Parameters | None = None
 
+    #: the failures list of the latest aggregate_fit (:func:`remembers_failures`)
+    _fit_failures: Sequence[Any] = ()
+    #: whether some training phase of this run (since this strategy was built) accepted a reply
+    _trained: bool = False
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """A subclass's own ``configure_fit`` checks for a Flower DP wrapper too (:func:`checks_wrapper`)."""
+        """A subclass's own ``configure_fit`` checks for a Flower DP wrapper too
+        (:func:`checks_wrapper`), and its own ``aggregate_fit`` keeps the round's failures
+        (:func:`remembers_failures`)."""
         super().__init_subclass__(**kwargs)
         own = cls.__dict__.get("configure_fit")
         if own is not None and not getattr(own, "checks_wrapper", False):
             cls.configure_fit = checks_wrapper(own)  # type: ignore[method-assign]
+        own = cls.__dict__.get("aggregate_fit")
+        if own is not None and not getattr(own, "remembers_failures", False):
+            cls.aggregate_fit = remembers_failures(own)  # type: ignore[method-assign]
 
     def __init__(
         self,
@@ -264,6 +309,7 @@ class PFLStrategy(FedAvg):
         outlier_norm_ratio: float | None = DEFAULT_OUTLIER_RATIO,
         client_dp: ClientLevelDP | None = None,
         secure_aggregation: bool = False,
+        stop_if_nothing_trains: bool = True,
     ) -> None:
         if num_clients < 1:
             raise ValueError(f"num_clients must be >= 1, got {num_clients}")
@@ -325,6 +371,7 @@ class PFLStrategy(FedAvg):
             inplace=inplace,
         )
         self.num_clients = num_clients
+        self.stop_if_nothing_trains = stop_if_nothing_trains
         self.extra_fit_config = dict(fit_config or {})
         self.on_round = on_round
         self.wait_timeout = wait_timeout
@@ -763,6 +810,7 @@ class PFLStrategy(FedAvg):
         return [(np.asarray(g, dtype=np.float64) + next(step)).astype(np.asarray(g).dtype) if f else np.array(g, copy=True)
                 for g, f in zip(previous, floating)]
 
+    @remembers_failures
     def aggregate_fit(
         self,
         server_round: int,
@@ -929,6 +977,31 @@ class PFLStrategy(FedAvg):
             metrics = {**metrics, **self._participation(server_round, phase, clients)}
         if self.on_round is not None:
             self.on_round(self.run_round(server_round), phase, metrics, clients)
+        if phase not in EVALUATION_PHASES:
+            self.check_trained(server_round, phase, metrics)
+
+    def check_trained(self, server_round: int, phase: str, metrics: Mapping[str, Any]) -> None:
+        """Stop a run that has not trained and cannot (``stop_if_nothing_trains``): a training
+        phase that lost every reply it asked for (:func:`lost_replies`, none accepted) before
+        any phase of the run accepted one.
+
+        Raises:
+            NoTrainingError: naming the strategy, the round and phase, and quoting the clients'
+                errors of the round's fit aggregation.
+        """
+        if accepted_replies(metrics) > 0:
+            self._trained = True
+            return
+        if self._trained or not self.stop_if_nothing_trains or lost_replies(metrics) == 0:
+            return
+        failures = list(self._fit_failures)
+        quoted = f"the clients' errors: {describe_failures(failures)}" if failures else "the clients' errors are logged above"
+        raise NoTrainingError(
+            f"{type(self).__name__}, round {self.run_round(server_round)} ({phase}): every client asked to train failed or "
+            f"was rejected, and no round has trained yet; {quoted}. An error every client raises at the start repeats in "
+            "every round, so the run stops here rather than end as completed with the initial model. Fix the cause and "
+            "start again (stop_if_nothing_trains=False goes on instead)"
+        )
 
     def reply_partition(self, cid: str, reported: int | None) -> int | None:
         """The partition id a reply from node ``cid`` is recorded under: the one it reports (>= 0),

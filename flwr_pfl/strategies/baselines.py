@@ -82,6 +82,7 @@ class Local(PFLStrategy):
     """
 
     name = "local"
+    has_global_model = False  # nothing is shared
     refused_hooks = {"evaluate_fn": "local training has no global model to evaluate on the server (each client keeps its own)"}
     robust_refusal = "local training sends no model, so there is no update to clip or average"
 

@@ -70,11 +70,12 @@ _FLOWER_ERROR = re.compile(r"Message contains an Error \(reason: (.*)\)\. It ori
 
 
 def describe_failures(failures: Sequence[Any], limit: int = 3, width: int = 400) -> str:
-    """The first ``limit`` failures of a round in words: Flower's ``failures`` list of
-    exceptions (a client's own error unwrapped from Flower's message) or ``(proxy, reply)``
-    pairs with a bad status or a rejected reply."""
-    texts = []
-    for failure in failures[:limit]:
+    """The round's failures in words, the first ``limit`` distinct ones: Flower's ``failures``
+    list of exceptions (a client's own error unwrapped from Flower's message) or ``(proxy,
+    reply)`` pairs with a bad status or a rejected reply. An error several clients share (a
+    configuration error raises the same on every client) is quoted once, with its count."""
+    counts: dict[str, int] = {}
+    for failure in failures:
         if isinstance(failure, BaseException):
             text = f"{type(failure).__name__}: {failure}"
             wrapped = _FLOWER_ERROR.search(text)  # Flower wraps a client's exception in its own
@@ -83,6 +84,8 @@ def describe_failures(failures: Sequence[Any], limit: int = 3, width: int = 400)
             proxy, res = failure
             bad_status = res.status.code != Code.OK
             text = f"client {proxy.cid}: " + (res.status.message if bad_status else "its reply was rejected (see the warning above)")
-        texts.append(text if len(text) <= width else text[: width - 3] + "...")
-    more = f" (and {len(failures) - limit} more)" if len(failures) > limit else ""
+        text = text if len(text) <= width else text[: width - 3] + "..."
+        counts[text] = counts.get(text, 0) + 1
+    texts = [text if n == 1 else f"{n} clients: {text}" for text, n in list(counts.items())[:limit]]
+    more = f" (and {len(counts) - limit} more)" if len(counts) > limit else ""
     return "; ".join(texts) + more

@@ -19,6 +19,7 @@ from flwr_pfl.training import load_arrays
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "quickstart_message"
 BODY = ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+WHOLE = [*BODY, "fc3.weight", "fc3.bias"]  # the user's Net: the shared body trained, the head as start() was given it
 
 
 @pytest.fixture
@@ -43,8 +44,8 @@ def test_the_message_quickstart_runs_each_algorithm_and_personalizes(example, mo
     for context in grid.contexts.values():
         assert len(context.state.keys()) > 0
     if algorithm == "fedrep":
-        # the server saved the shared body under the user's own names; each node kept its fc3
-        assert list(saved) == BODY
+        # the server saved the user's whole Net under its own names; each node kept its fc3
+        assert list(saved) == WHOLE
         for context in grid.contexts.values():
             head = load_arrays(context.state, "personal")
             assert [a.shape for a in head] == [(10, 84), (10,)] and all(np.isfinite(a).all() for a in head)
@@ -64,4 +65,4 @@ def test_the_message_quickstart_runs_under_flwr_run(tmp_path, data_dir):
     finally:
         launch.stop_superlink(tmp_path / "flwr-home")
     assert result.returncode == 0 and status == "finished:completed", (status, result.stdout[-3000:] + result.stderr[-3000:])
-    assert list(torch.load(final, weights_only=True)) == BODY
+    assert list(torch.load(final, weights_only=True)) == WHOLE

@@ -9,7 +9,7 @@ import pytest
 from flwr.app import Array, ArrayRecord
 
 from flwr_pfl.errors import ConfigError
-from flwr_pfl.serverapp.layout import select_wire_arrays
+from flwr_pfl.serverapp.layout import head_copies, select_wire_arrays
 
 LAYOUT = [("module.fc1.weight", (2, 3)), ("pfedfda:means", (4, 2)), ("module.fc1.bias", (2,))]
 
@@ -48,3 +48,44 @@ def test_without_a_node_the_algorithms_arrays_must_be_given() -> None:
         select_wire_arrays(state_dict(), LAYOUT)
     given = select_wire_arrays(state_dict(**{"pfedfda:means": np.ones((4, 2))}), LAYOUT)
     np.testing.assert_array_equal(given[1], np.ones((4, 2)))
+
+
+#: FedDAR's wire for two domains: the body, the user's head (head 0), then head 1, a copy of it
+DOMAIN_LAYOUT = [("module.fc1.weight", (2, 3)), ("module.fc2.weight", (3, 2)), ("module.fc2.bias", (3,)),
+                 ("extra_heads.0.weight", (3, 2)), ("extra_heads.0.bias", (3,))]
+
+
+def domain_state_dict() -> ArrayRecord:
+    return record({"fc1.weight": np.full((2, 3), 1.0), "fc2.weight": np.full((3, 2), 5.0), "fc2.bias": np.full(3, 6.0)})
+
+
+def test_added_heads_start_as_copies_of_the_users_head_and_no_node_is_asked() -> None:
+    """The user's state_dict has no head for domain 1: it starts as the client starts it, a copy
+    of the user's own head (head 0), entry for entry."""
+    assert head_copies(DOMAIN_LAYOUT) == {"extra_heads.0.weight": "module.fc2.weight", "extra_heads.0.bias": "module.fc2.bias"}
+    arrays = select_wire_arrays(domain_state_dict(), DOMAIN_LAYOUT, lambda: pytest.fail("a node was asked"))
+    np.testing.assert_array_equal(arrays[3], np.full((3, 2), 5.0))
+    np.testing.assert_array_equal(arrays[4], np.full(3, 6.0))
+
+
+def test_three_heads_copy_the_users_head_each() -> None:
+    layout = [*DOMAIN_LAYOUT, ("extra_heads.1.weight", (3, 2)), ("extra_heads.1.bias", (3,))]
+    assert head_copies(layout)["extra_heads.1.bias"] == "module.fc2.bias"
+    assert head_copies(LAYOUT) == {}
+
+
+def test_a_later_rounds_arrays_keep_the_current_added_heads_and_statistics() -> None:
+    """A record handed back without the arrays the user's model lacks (a wrapper's new record)
+    takes them from the round before, not from the user's head or a node's initial arrays."""
+    current = {"extra_heads.0.weight": np.full((3, 2), -1.0), "extra_heads.0.bias": np.full(3, -2.0)}
+    arrays = select_wire_arrays(domain_state_dict(), DOMAIN_LAYOUT, lambda: pytest.fail("a node was asked"), current)
+    np.testing.assert_array_equal(arrays[3], current["extra_heads.0.weight"])
+    np.testing.assert_array_equal(arrays[4], current["extra_heads.0.bias"])
+    means = select_wire_arrays(state_dict(), LAYOUT, lambda: pytest.fail("a node was asked"), {"pfedfda:means": np.ones((4, 2))})
+    np.testing.assert_array_equal(means[1], np.ones((4, 2)))
+
+
+def test_a_missing_body_array_is_refused_even_with_the_current_arrays_at_hand() -> None:
+    partial = record({"fc2.weight": np.full((3, 2), 5.0), "fc2.bias": np.full(3, 6.0)})
+    with pytest.raises(ConfigError, match=r"lacks 1 array.*'fc1\.weight'"):
+        select_wire_arrays(partial, DOMAIN_LAYOUT, None, {"fc1.weight": np.zeros((2, 3))})

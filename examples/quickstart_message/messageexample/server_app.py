@@ -1,13 +1,14 @@
 """The ServerApp of Flower's Message-API quickstart with a flwr_pfl strategy instead of FedAvg.
 
 The strategy is used exactly as Flower's: ``start`` with the initial arrays (the whole
-``Net().state_dict()``; the strategy keeps the part its algorithm shares, e.g. FedRep's body),
-a train config (``learning-rate`` is the key flwr_pfl's clients read) and the number of rounds;
-it returns Flower's ``Result``. Flower's template also passes ``evaluate_fn`` to evaluate the
-global model on the server: a personalized algorithm has no complete global model (FedRep's
-heads stay on the nodes), so the clients evaluate their personalized models instead
-(``Result.evaluate_metrics_clientapp``).
-"""
+``Net().state_dict()``; the strategy sends the part its algorithm shares, e.g. FedRep's body),
+a train config (``learning-rate``, or ``lr`` as Flower's examples write it) and the number of
+rounds; it returns Flower's ``Result``, whose ``arrays`` load into ``Net``. Server-side
+evaluation (``evaluate_fn``) is left out here: FedRep's global ``Net`` carries the head it was
+started with (each client's trained head stays on its node), and FEDORA has no global model (it
+refuses ``evaluate_fn``); the clients evaluate their personalized models instead
+(``Result.evaluate_metrics_clientapp``). ``examples/advanced_pytorch`` shows server-side
+evaluation."""
 
 from __future__ import annotations
 
@@ -37,4 +38,7 @@ def main(grid: Grid, context: Context) -> None:
         num_rounds=num_rounds,
     )
     if cfg["final-model"]:
-        torch.save(result.arrays.to_torch_state_dict(), str(cfg["final-model"]))  # the shared part
+        # the whole Net: the part the algorithm shares, trained; the rest (FedRep's fc3) as given
+        # above, since each client's own head stays on its node. FEDORA has no global model:
+        # its result.arrays is empty.
+        torch.save(result.arrays.to_torch_state_dict(), str(cfg["final-model"]))

@@ -1,0 +1,129 @@
+"""What a Message-API strategy hands back to Flower's loop (``evaluate_fn``'s arrays and
+``Result.arrays``) loads into the user's own model: started from the whole ``state_dict``, it is
+that ``state_dict`` again, the shared part trained and the rest as given; the global arrays
+without a place in the user's model (pFedFDA's statistics) are kept apart in ``extra_arrays``.
+An algorithm without a global model refuses ``evaluate_fn`` at ``start()`` and hands back no
+arrays."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, Context, MetricRecord
+from flwr.clientapp import ClientApp
+from torch.utils.data import DataLoader, TensorDataset
+
+from fakes import BatchNormDropoutNet, QuickNet, image_tensors
+from flwr_pfl.app.inprocess import InProcessGrid
+from flwr_pfl.clientapp import register_handlers
+from flwr_pfl.clients import FEDORAClient, FedBNClient, FedRepClient, LocalClient, LocalData, PFedFDAClient, TrainConfig
+from flwr_pfl.errors import ConfigError
+from flwr_pfl.serverapp import FEDORA, FedBN, FedRep, Local, PFedFDA
+from flwr_pfl.training import OptimizerConfig
+
+HEAD = ["fc3.weight", "fc3.bias"]
+
+
+def data(pid: int, model=QuickNet) -> LocalData:
+    n = 24 + 6 * pid  # unequal clients
+    if model is BatchNormDropoutNet:
+        g = torch.Generator().manual_seed(90 + pid)
+        x = torch.randn(n + 12, 6, generator=g)
+        y = (x[:, :3].argmax(1) + pid) % 3
+    else:
+        x, y, _ = image_tensors(n + 12, seed=90 + pid)
+    return LocalData(train=DataLoader(TensorDataset(x[:n], y[:n]), batch_size=8, shuffle=True),
+                     test=DataLoader(TensorDataset(x[n:], y[n:]), batch_size=12))
+
+
+def app_for(client_class, model=QuickNet, head: str | None = "fc3") -> ClientApp:
+    def build(ctx: Context):
+        torch.manual_seed(0)
+        kwargs = {"head": head} if head is not None else {}
+        return client_class(ctx, model(), data(int(ctx.node_config["partition-id"]), model),
+                            TrainConfig(optimizer=OptimizerConfig(learning_rate=0.05)), **kwargs)
+
+    return register_handlers(ClientApp(), build)
+
+
+def whole(model=QuickNet, seed: int = 3) -> ArrayRecord:
+    torch.manual_seed(seed)
+    return ArrayRecord({k: Array(v.numpy()) for k, v in model().state_dict().items()})
+
+
+def start(strategy, app: ClientApp, initial: ArrayRecord, rounds: int = 2, **kwargs):
+    return strategy.start(grid=InProcessGrid(app, 3, {}), initial_arrays=initial, num_rounds=rounds, timeout=60, **kwargs)  # type: ignore[arg-type]
+
+
+def loads_strictly(arrays: ArrayRecord, model=QuickNet) -> None:
+    model().load_state_dict(arrays.to_torch_state_dict(), strict=True)
+
+
+def test_fedrep_hands_back_the_users_net_with_its_trained_body_and_the_given_head():
+    seen: list[tuple[int, ArrayRecord]] = []
+
+    def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        loads_strictly(arrays)  # what Flower's examples do with it
+        seen.append((server_round, arrays))
+        return MetricRecord({"accuracy": 0.0})
+
+    initial = whole()
+    strategy = FedRep(num_clients=3)
+    result = start(strategy, app_for(FedRepClient), initial, evaluate_fn=evaluate_fn)
+    assert [r for r, _ in seen] == [0, 1, 2]
+    assert list(result.arrays.keys()) == list(initial.keys())
+    loads_strictly(result.arrays)
+    body = [k for k in initial.keys() if k not in HEAD]
+    for name, array in zip(body, strategy.logic.global_arrays, strict=True):  # the trained body, by name
+        np.testing.assert_array_equal(result.arrays[name].numpy(), array)
+    assert any(not np.array_equal(result.arrays[k].numpy(), initial[k].numpy()) for k in body)
+    for name in HEAD:  # each client's trained head stays on its node: the head is the one given
+        np.testing.assert_array_equal(result.arrays[name].numpy(), initial[name].numpy())
+    assert len(strategy.extra_arrays) == 0
+    assert not np.array_equal(seen[1][1]["fc1.weight"].numpy(), initial["fc1.weight"].numpy())  # round 1's body
+
+
+def test_pfedfda_keeps_its_statistics_apart_and_hands_back_a_loadable_net():
+    strategy = PFedFDA(num_clients=3)
+    result = start(strategy, app_for(PFedFDAClient), whole(), rounds=1)
+    loads_strictly(result.arrays)
+    assert not any(":" in name for name in result.arrays.keys())
+    extras = dict(strategy.extra_arrays.items())
+    assert sorted(extras) and all(name.startswith("pfedfda:") for name in extras)
+    means = next(a.numpy() for n, a in extras.items() if "means" in n)
+    assert means.shape[0] == 3 and np.isfinite(means).all() and np.abs(means).sum() > 0  # three classes, estimated
+
+
+def test_fedbn_hands_back_the_layers_outside_batchnorm_trained_and_batchnorm_as_given():
+    initial = whole(BatchNormDropoutNet)
+    strategy = FedBN(num_clients=3)
+    result = start(strategy, app_for(FedBNClient, BatchNormDropoutNet, head=None), initial)
+    loads_strictly(result.arrays, BatchNormDropoutNet)
+    norm = [k for k in initial.keys() if k.startswith("bn")]
+    assert norm
+    for name in norm:
+        np.testing.assert_array_equal(result.arrays[name].numpy(), initial[name].numpy())
+
+
+@pytest.mark.parametrize(("strategy_class", "client_class", "reason"), [
+    (FEDORA, FEDORAClient, "FEDORA has no global model"),
+    (Local, LocalClient, "local training has no global model"),
+])
+def test_an_algorithm_without_a_global_model_refuses_evaluate_fn_before_any_message(strategy_class, client_class, reason):
+    requests: list = []
+    app = app_for(client_class)
+
+    def recording(message, context):
+        requests.append(message)
+        return app(message, context)
+
+    with pytest.raises(ConfigError, match=f"cannot take evaluate_fn: {reason}"):
+        start(strategy_class(num_clients=3), recording, whole(), evaluate_fn=lambda r, a: MetricRecord({}))
+    assert requests == []
+
+
+def test_fedora_hands_back_no_arrays_rather_than_the_untouched_initial_model():
+    result = start(FEDORA(num_clients=3), app_for(FEDORAClient), whole(), rounds=1)
+    assert len(result.arrays) == 0
+    assert result.evaluate_metrics_clientapp  # the clients' own models were evaluated
