@@ -189,5 +189,5 @@ class APFLClient(PersonalCopyClient):
         with self.personal_model(store=False):
             self.model.load_state_dict(mixed)
             result = self.evaluate_on(self.data.test)
-        result.extra = {**{f"global_{k}": v for k, v in global_result.metrics().items()}, "alpha": self.alpha}
+        result.extra |= {**{f"global_{k}": v for k, v in global_result.metrics().items()}, "alpha": self.alpha}
         return result

@@ -47,7 +47,7 @@ class FinetuneClient(PFLClient):
         result = self.evaluate_on(self.data.test)
         self.finetuned = self.group_state("all")
         self.model.load_state_dict(global_model)
-        result.extra = {f"global_{k}": v for k, v in global_result.metrics().items()}
+        result.extra |= {f"global_{k}": v for k, v in global_result.metrics().items()}
         return result
 
     def personal_state(self) -> dict[str, torch.Tensor]:

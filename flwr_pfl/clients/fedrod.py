@@ -210,5 +210,5 @@ class FedRoDClient(PFLClient):
         generic = self.evaluate_on(self.data.test)
         result = evaluate(self.decoupled, self.data.test, device=self.device, task=self.data.task,
                           num_domains=self.data.num_domains, keys=self.data.batch_keys)
-        result.extra = {f"global_{k}": v for k, v in generic.metrics().items()}
+        result.extra |= {f"global_{k}": v for k, v in generic.metrics().items()}
         return result

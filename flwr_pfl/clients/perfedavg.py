@@ -164,7 +164,7 @@ class PerFedAvgClient(PFLClient):
             self.adapted = self.group_state("all")
         finally:
             self.model.load_state_dict(received)
-        result.extra = {f"global_{k}": v for k, v in global_result.metrics().items()}
+        result.extra |= {f"global_{k}": v for k, v in global_result.metrics().items()}
         return result
 
     def personal_state(self) -> dict[str, torch.Tensor]:

@@ -69,7 +69,7 @@ class PersonalCopyClient(PFLClient):
         global_result = self.evaluate_on(self.data.test)
         with self.personal_model(store=False):
             result = self.evaluate_on(self.data.test)
-        result.extra = {f"global_{k}": v for k, v in global_result.metrics().items()}
+        result.extra |= {f"global_{k}": v for k, v in global_result.metrics().items()}
         return result
 
     def personal_state(self) -> dict[str, torch.Tensor]:

@@ -17,6 +17,12 @@ import numpy as np
 _DOMAIN_KEY = re.compile(r"^(?P<prefix>.*?)(?P<kind>acc|loss)_d(?P<m>\d+)$")
 
 
+#: the evaluation metric (1.0) of a classifier that predicted one class for every test sample
+#: although the samples have several: the model has collapsed (a diverged or stalled training,
+#: a head that cannot separate the features); the strategies warn when every client reports it
+ONE_CLASS = "one_class_predicted"
+
+
 def summarize(values: Sequence[float], weights: Sequence[float] | None = None) -> dict[str, float]:
     """Weighted mean (``wmean``), ``mean``, ``min``, ``max`` and population ``std`` of values.
 

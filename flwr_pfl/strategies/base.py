@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import math
 import time
 from dataclasses import replace
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -36,7 +37,7 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
 from flwr_pfl.core.aggregation import weighted_average
-from flwr_pfl.core.metrics import aggregate_client_metrics
+from flwr_pfl.core.metrics import ONE_CLASS, aggregate_client_metrics
 from flwr_pfl.core.robust import (
     DEFAULT_OUTLIER_RATIO,
     aggregate_blowup,
@@ -224,7 +225,9 @@ class PFLStrategy(FedAvg):
             algorithm cannot use) repeats in every round, and Flower's loop would otherwise
             finish the run as completed with the initial model. False goes on with warnings, as
             Flower's FedAvg does. The suite's own app sets it to False and judges the whole run
-            at its end instead (:func:`~flwr_pfl.app.results.judge_run`).
+            at its end instead (:func:`~flwr_pfl.app.results.judge_run`). With
+            ``accept_failures=False`` (rounds with any failure are left unaggregated on purpose,
+            also where some clients trained) it does not apply.
 
     ``clip_update_norm`` and ``"trimmed-mean"`` apply to algorithms whose replies are the global
     arrays trained further and whose aggregation is this class's weighted mean (FedAvg, Local,
@@ -751,6 +754,10 @@ class PFLStrategy(FedAvg):
         # securely aggregated replies carry the protocol's float64 sum, cast back in aggregate_replies
         dtypes = None if self.secure_aggregation else self.expected_dtypes(server_round)
         check_arrays(who, arrays, self.expected_shapes(server_round), res.num_examples, dtypes)
+        loss = res.metrics.get("train_loss")
+        if isinstance(loss, (int, float)) and not math.isfinite(loss):
+            raise ReplyError(f"client {who}: its train_loss is {loss}: its local training diverged, so its arrays "
+                             "are not a model (lower its learning rate)")
         if partition_id >= 0:
             self.partition_of[proxy.cid] = partition_id
         return ClientReply(proxy.cid, partition_id, res.num_examples, arrays, dict(res.metrics))
@@ -960,6 +967,7 @@ class PFLStrategy(FedAvg):
         if not valid:
             self._notify(server_round, "evaluate", metrics, {})
             return None, metrics
+        self.warn_if_collapsed(server_round, [dict(r.metrics) for _, r in valid])
         per_client = [(r.num_examples, {**r.metrics, "loss": r.loss}) for _, r in valid]
         metrics |= aggregate_client_metrics(per_client)
         loss = metrics.get("loss_wmean")
@@ -971,6 +979,19 @@ class PFLStrategy(FedAvg):
         self._notify(server_round, "evaluate", metrics, clients)
         log(INFO, "round %d: %s", self.run_round(server_round), _headline(metrics))
         return loss, metrics
+
+    def warn_if_collapsed(self, server_round: int, clients: list[dict[str, Any]]) -> None:
+        """A WARNING when at least half of the evaluated clients' models predicted one class for
+        all their test samples although these hold several (their metric
+        :data:`~flwr_pfl.core.metrics.ONE_CLASS`): their accuracy is only the majority class's
+        share, and the run would otherwise read like a slow one."""
+        collapsed = sum(1 for c in clients if c.get(ONE_CLASS))
+        if collapsed and 2 * collapsed >= len(clients):
+            log(WARNING, "round %d: %d of %d evaluated clients' models predict one class for all their test samples, "
+                "which hold several: these models have collapsed and their accuracy is the majority class's share. The "
+                "training diverged or stalled, or %s's classifier cannot separate the model's features: try another "
+                "learning rate, or another algorithm for this model", self.run_round(server_round), collapsed,
+                len(clients), type(self).__name__)
 
     def _notify(self, server_round: int, phase: str, metrics: dict[str, float], clients: dict[int, dict[str, Scalar]]) -> None:
         if phase in ("fit", "evaluate"):  # recorded, not returned to Flower: the results rows say who took part
@@ -992,8 +1013,8 @@ class PFLStrategy(FedAvg):
         if accepted_replies(metrics) > 0:
             self._trained = True
             return
-        if self._trained or not self.stop_if_nothing_trains or lost_replies(metrics) == 0:
-            return
+        if self._trained or not self.stop_if_nothing_trains or not self.accept_failures or lost_replies(metrics) == 0:
+            return  # accept_failures=False leaves rounds unaggregated on purpose, also where some clients trained
         failures = list(self._fit_failures)
         quoted = f"the clients' errors: {describe_failures(failures)}" if failures else "the clients' errors are logged above"
         raise NoTrainingError(

@@ -54,7 +54,7 @@ from flwr_pfl.core.fmtl import (
     round_head_weights,
     task_membership,
 )
-from flwr_pfl.errors import ReplyError
+from flwr_pfl.errors import ConfigError, ReplyError
 from flwr_pfl.strategies.base import NDArrays, PFLStrategy
 from flwr_pfl.strategies.decode import decode_arrays
 from flwr_pfl.strategies.validation import ClientReply, Scalar, check_arrays
@@ -136,7 +136,9 @@ class FedFMTL(PFLStrategy):
 
     Args:
         t1_rounds: phase-1 (FedAvg) rounds T1 (paper: 100 of 110). 0 = phase 2 from round 1 (a
-            known or pretrained representation, the theory's setting).
+            known or pretrained representation, the theory's setting). None = the first half of
+            the run's rounds, rounded up (needs ``num_rounds``, or the Message API's
+            ``start()``). Must be below the run's rounds (:meth:`check_phases`).
         weighting: head weights (default eq. 12), participation policy (default ``round_local``,
             spec P1 (a)), empty-holder policy (default ``keep``) and eq. (10) solver settings.
         body_weighting: client weights of phase 1 (default ``uniform``, the FedRep code).
@@ -159,7 +161,7 @@ class FedFMTL(PFLStrategy):
     def __init__(
         self,
         *,
-        t1_rounds: int = 100,
+        t1_rounds: int | None = 100,
         weighting: FMTLWeightingOptions | None = None,
         body_weighting: BodyWeighting | str = BodyWeighting.UNIFORM,
         augmentation: Augmentation | str = Augmentation.AUGMENTED,
@@ -172,8 +174,8 @@ class FedFMTL(PFLStrategy):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if t1_rounds < 0:
-            raise ValueError(f"t1_rounds must be >= 0, got {t1_rounds}")
+        if t1_rounds is not None and t1_rounds < 0:
+            raise ValueError(f"t1_rounds must be >= 0 or None (half the rounds), got {t1_rounds}")
         if min_count < 1:
             raise ValueError(f"min_count must be >= 1, got {min_count}")
         if upload not in UPLOADS:
@@ -182,7 +184,9 @@ class FedFMTL(PFLStrategy):
             raise ValueError(f"head_layout={head_layout!r} is unknown; allowed: {', '.join(HEAD_LAYOUTS)}")
         if not 0.0 <= phase2_fraction_fit <= 1.0:
             raise ValueError(f"phase2_fraction_fit must be in [0, 1], got {phase2_fraction_fit}")
-        self.t1_rounds = t1_rounds
+        #: as given (None: half the run's rounds, resolved by :meth:`check_phases`)
+        self.t1_given = t1_rounds
+        self.t1_rounds = t1_rounds if t1_rounds is not None else 0
         self.weighting = weighting or FMTLWeightingOptions()
         self.body_weighting = BodyWeighting(body_weighting)
         self.augmentation = Augmentation(augmentation)
@@ -202,9 +206,11 @@ class FedFMTL(PFLStrategy):
             log(WARNING, "fmtl: head weighting %r with augmentation 'original': non-holders return "
                 "head c unchanged, so their weight only damps the holders' update (spec Sec. 8.1); "
                 "use augmentation 'augmented' or head weighting 'ew_holders'", scheme.value)
-        log(INFO, "fmtl: phase 1 (FedAvg, %s body weights) for rounds 1..%d, then heads only; head "
+        if self.num_rounds:
+            self.check_phases()
+        log(INFO, "fmtl: phase 1 (FedAvg, %s body weights) for rounds 1..%s, then heads only; head "
             "weighting %s, participation policy %s, empty-holder policy %s, upload %s, min count %d",
-            self.body_weighting.value, t1_rounds, scheme.value, self.weighting.participation.value,
+            self.body_weighting.value, "half the run" if t1_rounds is None else t1_rounds, scheme.value, self.weighting.participation.value,
             self.weighting.empty_holder.value, upload, min_count)
 
     def __repr__(self) -> str:
@@ -212,6 +218,30 @@ class FedFMTL(PFLStrategy):
                 f"weighting={self.weighting.scheme.value}, participation={self.weighting.participation.value})")
 
     # ---------------------------------------------------------------- schedule and instructions
+    def check_phases(self) -> None:
+        """Resolve ``t1_rounds=None`` to the first half of the run's rounds (rounded up), and
+        refuse a run whose rounds all fall in phase 1: it would be plain FedAvg, and FMTL's
+        head-only rounds (the method) would never run. Called when the run's rounds are known:
+        at construction with ``num_rounds``, else (Message API) when ``start()`` has told them,
+        before round 1's instructions.
+
+        Raises:
+            ConfigError: ``t1_rounds`` >= ``num_rounds`` (naming both, and the run-config keys).
+            NumRoundsRequired: ``t1_rounds=None`` and the run's rounds are unknown.
+        """
+        if self.t1_given is None:
+            self.require_num_rounds("t1_rounds=None (half of the run's rounds)", "give t1_rounds")
+            self.t1_rounds = max(1, (self.num_rounds + 1) // 2) if self.num_rounds > 1 else 0
+            return
+        if self.num_rounds and self.t1_rounds >= self.num_rounds:
+            raise ConfigError(
+                f"FedFMTL: t1_rounds={self.t1_rounds} (run config fmtl.t1-rounds) is not below the run's "
+                f"{self.num_rounds} rounds (num_rounds, num-server-rounds): every round would be phase 1, plain FedAvg, "
+                f"and FMTL's head-only rounds would never run. Set t1_rounds below num_rounds (the paper: 100 of 110; "
+                f"e.g. {max(self.num_rounds - max(self.num_rounds // 10, 1), 0)} of {self.num_rounds}), or 0 for heads only "
+                "from round 1"
+            )
+
     def phase(self, server_round: int) -> int:
         """1 (FedAvg) for global rounds <= t1_rounds, else 2 (heads only)."""
         return 1 if self.run_round(server_round) <= self.t1_rounds else 2
@@ -230,6 +260,8 @@ class FedFMTL(PFLStrategy):
     ) -> list[tuple[ClientProxy, FitIns]]:
         if self.global_arrays is None:
             self.global_arrays = parameters_to_ndarrays(parameters)
+        if server_round == 1:  # the Message API's start() tells num_rounds after construction
+            self.check_phases()
         self._ensure_head_map()
         fraction = self.fraction_fit
         if self.phase(server_round) == 2 and self.phase2_fraction_fit > 0:

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
+from flwr_pfl.core.metrics import ONE_CLASS
 from flwr_pfl.data.types import ArraySplit, Task
 from flwr_pfl.models.base import EncoderHeadModel
 from flwr_pfl.training.batches import BatchKeys, num_samples, read_batch
@@ -284,6 +285,8 @@ def evaluate(
     loss_sum = torch.zeros(num_domains, dtype=torch.float64)
     correct = torch.zeros(num_domains, dtype=torch.long)
     loader = data.loader(batch_size, shuffle=False) if isinstance(data, ArraySplit) else data
+    predicted: set[int] = set()  # up to two distinct classes of each: enough to see a collapse
+    labels: set[int] = set()
     for batch in loader:
         x, y, d = read_batch(batch, device, keys)
         losses = loss_fn(model, x, y, d).double().cpu()
@@ -291,9 +294,15 @@ def evaluate(
         count += torch.bincount(d_cpu, minlength=num_domains)
         loss_sum.index_add_(0, d_cpu, losses)
         if task == "classification":
-            hits = (predict_fn(model, x, d).argmax(1) == y).long().cpu()
+            prediction = predict_fn(model, x, d).argmax(1)
+            hits = (prediction == y).long().cpu()
             correct.index_add_(0, d_cpu, hits)
+            if y.dim() == 1 and (len(predicted) < 2 or len(labels) < 2):
+                predicted.update(prediction.unique().tolist())
+                labels.update(y.unique().tolist())
     n = int(count.sum())
+    # a model that answers one class for test samples of several has collapsed (see ONE_CLASS)
+    collapsed = {ONE_CLASS: 1.0} if len(labels) > 1 and len(predicted) == 1 else {}
     return EvalResult(
         loss=float(loss_sum.sum()) / max(n, 1),
         num_examples=n,
@@ -301,6 +310,7 @@ def evaluate(
         per_domain_count=count.tolist(),
         per_domain_loss=loss_sum.tolist(),
         per_domain_correct=correct.tolist(),
+        extra=collapsed,
     )
 
 

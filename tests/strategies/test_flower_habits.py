@@ -162,7 +162,8 @@ def test_every_strategy_takes_fedavgs_arguments_and_keeps_them(cls):
     }
     if cls not in NO_GLOBAL_MODEL:
         kwargs["evaluate_fn"] = lambda rnd, arrays, config: None
-    s = cls(num_clients=4, num_rounds=6, initial_parameters=ndarrays_to_parameters(initial), **kwargs)
+    own = {"t1_rounds": 3} if cls is FedFMTL else {}  # FMTL's phase 1 must end within the 6 rounds
+    s = cls(num_clients=4, num_rounds=6, initial_parameters=ndarrays_to_parameters(initial), **kwargs, **own)
     for name, value in kwargs.items():
         assert getattr(s, name) == value, name
     close(s.global_arrays, initial)

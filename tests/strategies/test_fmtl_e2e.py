@@ -305,10 +305,10 @@ def test_options_are_validated_at_the_edge(tmp_path, blobs_dataset) -> None:
     with pytest.raises(ConfigError, match=r"fmtl\.head-loss='ce'"):
         parse_experiment({"fmtl.augmentation": "original"})
     with pytest.raises(ConfigError, match=r"fmtl\.t1-rounds"):
-        parse_experiment({"fmtl.t1-rounds": -1})
+        parse_experiment({"fmtl.t1-rounds": -2})
     options = parse_experiment({"algorithm": "fmtl"}).options
     assert (options.t1_rounds, options.head_weighting, options.participation, options.empty_holder) == (
-        100, "fmtl_eq12", "round_local", "keep")
+        -1, "fmtl_eq12", "round_local", "keep")  # -1: half of num-server-rounds
 
 
 def test_warns_when_eq12_meets_original_datasets() -> None:

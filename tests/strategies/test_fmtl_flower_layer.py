@@ -19,16 +19,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 from flwr.app import Context, RecordDict
-from flwr.common import FitRes, Parameters
+from flwr.common import FitRes, Parameters, ndarrays_to_parameters
 from torch.utils.data import DataLoader, TensorDataset
 
 from flwr_pfl.clients import FedFMTLClient
 from flwr_pfl.clients.base import LocalData, TrainConfig
 from flwr_pfl.core.fmtl import FMTLWeightingOptions
+from flwr_pfl.errors import ConfigError, NumRoundsRequired
 from flwr_pfl.strategies import FedFMTL
 from flwr_pfl.training import OptimizerConfig, get_arrays, set_arrays
 
-from fakes import FakeProxy, arrays_of, fit_res, tiny_model
+from fakes import FakeProxy, arrays_of, fit_res, manager, tiny_model
 from fakes import assert_arrays_close as close
 
 LR = 0.4
@@ -240,3 +241,35 @@ def test_schedule_and_instructions():
     s.statistics["p0"] = object()  # held already: not asked again
     again = {p.cid: ins.config["fmtl-stats"] for p, ins in s.fit_instructions(4, params, proxies)}
     assert again == {"c0": False, "c1": True, "c9": True}
+
+
+# ------------------------------------------------------------------------------ the two phases
+def test_a_phase_1_that_covers_every_round_is_refused_naming_both_settings():
+    """t1_rounds >= the run's rounds would make the run FedAvg only: refused at construction
+    when num_rounds is given, in the strategy's and the run config's terms."""
+    with pytest.raises(ConfigError, match=r"t1_rounds=100 \(run config fmtl\.t1-rounds\) is not below the run's 10 rounds"):
+        FedFMTL(num_clients=2, num_rounds=10)
+    with pytest.raises(ConfigError, match=r"t1_rounds=10 .* e\.g\. 9 of 10"):
+        FedFMTL(num_clients=2, num_rounds=10, t1_rounds=10)
+    assert FedFMTL(num_clients=2, num_rounds=10, t1_rounds=9).phase(10) == 2
+
+
+@pytest.mark.parametrize(("rounds", "t1"), [(1, 0), (2, 1), (5, 3), (10, 5), (110, 55)])
+def test_t1_rounds_none_is_the_first_half_of_the_rounds(rounds, t1):
+    s = FedFMTL(num_clients=2, num_rounds=rounds, t1_rounds=None)
+    assert s.t1_rounds == t1 and s.phase(rounds) == 2 and s.phase(t1 + 1) == 2
+    assert t1 == 0 or s.phase(t1) == 1
+
+
+def test_t1_rounds_none_needs_the_runs_rounds():
+    with pytest.raises(NumRoundsRequired, match=r"t1_rounds=None"):
+        FedFMTL(num_clients=2, t1_rounds=None).check_phases()
+
+
+def test_the_message_api_checks_the_phases_once_start_has_told_the_rounds():
+    """The Message-API strategy learns the run's rounds from start(): the check runs before
+    round 1's instructions, so a run of FedAvg only never sends a message."""
+    s = FedFMTL(num_clients=2)  # num_rounds unknown: nothing to check yet
+    s.num_rounds = 4  # what start(num_rounds=4) tells it
+    with pytest.raises(ConfigError, match=r"t1_rounds=100 .* the run's 4 rounds"):
+        s.configure_fit(1, ndarrays_to_parameters([np.zeros(2)]), manager(2))

@@ -311,7 +311,7 @@ def test_bad_replies_are_rejected_and_the_round_goes_on():
 
 def test_a_shared_body_learns_the_models_size_from_the_first_reply_and_keeps_it():
     start = wire(cluster_models(), share=True)
-    s = strategy(share=True, initial_arrays=start)
+    s = strategy(share=True, initial_arrays=start, stop_if_nothing_trains=False)  # round 1 is all rejected here
     assert s.expected_model_arrays() is None
     head_only = [FakeProxy("0", 0), fit_res(start[7:9], 3, 0, {"ifca_cluster": 0})]  # 2 arrays: no fit (P > M)
     _, metrics = s.aggregate_fit(1, [tuple(head_only)], [])
@@ -421,7 +421,9 @@ def test_the_message_flavour_starts_from_a_users_state_dict_and_draws_the_other_
     initial = ArrayRecord({k: Array(v.numpy()) for k, v in net(20).state_dict().items()})  # no ifca: arrays
     strategy_ = serverapp.IFCA(num_clients=3, num_clusters=K, num_rounds=1)
     result = strategy_.start(grid=grid, initial_arrays=initial, num_rounds=1, timeout=60)
-    assert len(result.arrays) == 27 and list(result.arrays.keys())[:9] == NAMES
+    # handed back: cluster 0 as the user's model; clusters 1 and 2 apart (no place in the user's model)
+    assert list(result.arrays.keys()) == NAMES and len(strategy_.extra_arrays) == 18
+    assert all(name.startswith("ifca:cluster") for name in strategy_.extra_arrays.keys())
     first = sent[0]
     assert list(first.keys()) == build(context(0)).user_wire_names()
     close(first.to_numpy_ndarrays()[:9], arrays_of(net(20)), atol=0)  # the user's model is cluster 0

@@ -141,3 +141,23 @@ def test_describe_failures_quotes_an_error_shared_by_several_clients_once_with_i
     assert describe_failures(failures) == "3 clients: RuntimeError: x; ValueError: y"
     many = [RuntimeError(str(i)) for i in range(5)]
     assert describe_failures(many, limit=2) == "RuntimeError: 0; RuntimeError: 1 (and 3 more)"
+
+
+def test_accept_failures_false_leaves_rounds_unaggregated_on_purpose_and_is_not_stopped():
+    """accept_failures=False leaves a round with one failure unaggregated although others
+    trained (Flower's meaning): the strict user decides, and the run goes on."""
+    strategy = FedAvg(num_clients=2, initial_arrays=[np.zeros(3)], accept_failures=False)
+    good = [(proxies(1)[0], fit_res([np.ones(3)], pid=0))]
+    assert strategy.aggregate_fit(1, good, [RuntimeError("client lost")])[0] is None
+    assert strategy.aggregate_fit(2, [], [RuntimeError("client lost"), RuntimeError("client lost")])[0] is None
+
+
+def test_a_reply_whose_training_loss_overflowed_is_rejected_even_with_finite_arrays():
+    """A local training that diverged (its loss inf or NaN) sends arrays that are no model,
+    finite or not; the others are aggregated without it."""
+    strategy = FedAvg(num_clients=3, initial_arrays=[np.zeros(3)])
+    replies = [(p, fit_res([np.full(3, float(p.pid + 1))], pid=p.pid, metrics={"train_loss": loss}))
+               for p, loss in zip(proxies(3), [1.0, float("inf"), float("nan")])]
+    parameters, metrics = strategy.aggregate_fit(1, replies, [])
+    assert metrics["num_rejected"] == 2.0
+    np.testing.assert_array_equal(strategy.global_arrays[0], np.ones(3))

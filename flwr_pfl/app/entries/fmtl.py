@@ -27,8 +27,10 @@ class FMTLOptions:
 
     Defaults are the paper's where it states them and the spec's recommendations elsewhere:
 
-    * ``t1_rounds`` = 100: FedAvg rounds before the head-only rounds (paper: T1 = 100 of T = 110);
-      the remaining ``num-server-rounds - t1-rounds`` rounds train the heads only.
+    * ``t1_rounds`` = -1: FedAvg rounds before the head-only rounds; -1 = the first half of
+      ``num-server-rounds`` (rounded up), so that any run has both phases (the paper's presets
+      set T1 = 100 of T = 110); the remaining ``num-server-rounds - t1-rounds`` rounds train the
+      heads only. A T1 not below ``num-server-rounds`` is refused (the run would be FedAvg).
     * ``head_weighting`` = ``fmtl_eq12`` (paper eq. 12); also ``fmtl_eq10`` (problem 10 solved
       numerically from feature second moments; a different method), ``uniform``, ``num_examples``,
       ``ew_participants`` (the paper's EW baseline, recommended reading), ``ew_holders``.
@@ -48,7 +50,7 @@ class FMTLOptions:
     * ``eq10_restarts`` = 8, ``eq10_ridge`` = 0.0: the problem-(10) solver.
     """
 
-    t1_rounds: int = 100
+    t1_rounds: int = -1
     head_weighting: str = "fmtl_eq12"
     participation: str = "round_local"
     empty_holder: str = "keep"
@@ -77,7 +79,7 @@ class FMTLOptions:
             ("upload", list(UPLOADS)),
         ):
             check_choice(_key(name), getattr(self, name), allowed)
-        for name, low in (("t1_rounds", 0), ("min_count", 1), ("phase2_epochs", 0), ("eq10_restarts", 0)):
+        for name, low in (("t1_rounds", -1), ("min_count", 1), ("phase2_epochs", 0), ("eq10_restarts", 0)):
             if getattr(self, name) < low:
                 raise ConfigError(f"{_key(name)}={getattr(self, name)} is out of range; must be >= {low}")
         if not 0.0 <= self.phase2_fraction_fit <= 1.0:
@@ -105,7 +107,7 @@ def _key(name: str) -> str:
 
 def _strategy_kwargs(o: FMTLOptions) -> dict:
     return {
-        "t1_rounds": o.t1_rounds, "weighting": o.weighting(), "body_weighting": o.body_weighting,
+        "t1_rounds": None if o.t1_rounds < 0 else o.t1_rounds, "weighting": o.weighting(), "body_weighting": o.body_weighting,
         "augmentation": o.augmentation, "min_count": o.min_count, "upload": o.upload,
         "head_layout": o.head_layout, "phase2_fraction_fit": o.phase2_fraction_fit,
     }
