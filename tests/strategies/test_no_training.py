@@ -161,3 +161,51 @@ def test_a_reply_whose_training_loss_overflowed_is_rejected_even_with_finite_arr
     parameters, metrics = strategy.aggregate_fit(1, replies, [])
     assert metrics["num_rejected"] == 2.0
     np.testing.assert_array_equal(strategy.global_arrays[0], np.ones(3))
+
+
+class ConstantNet(torch.nn.Module):
+    """A classifier that answers ``answer`` for every input (a collapsed model)."""
+
+    def __init__(self, answer: int | None) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(2, 3)
+        self.answer = answer
+
+    def forward(self, x: torch.Tensor, domain: torch.Tensor | None = None) -> torch.Tensor:
+        if self.answer is None:
+            return x[:, :1] * torch.tensor([[1.0, -1.0, 0.0]])  # class 0 or 1 by the sign of x[0]
+        return torch.nn.functional.one_hot(torch.full((len(x),), self.answer), 3).float()
+
+
+def test_evaluation_reports_a_model_that_predicts_one_class_for_samples_of_several():
+    from flwr_pfl.core.metrics import ONE_CLASS
+    from flwr_pfl.training.loops import evaluate
+
+    x = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [2.0, 0.0], [-3.0, 0.0]])
+    several = DataLoader(TensorDataset(x, torch.tensor([0, 1, 0, 1])), batch_size=1)  # one class per batch
+    one = DataLoader(TensorDataset(x, torch.tensor([2, 2, 2, 2])), batch_size=2)
+    device = torch.device("cpu")
+    assert evaluate(ConstantNet(2), several, device=device).metrics()[ONE_CLASS] == 1.0
+    assert ONE_CLASS not in evaluate(ConstantNet(None), several, device=device).metrics()
+    assert ONE_CLASS not in evaluate(ConstantNet(2), one, device=device).metrics()  # right to answer one class
+
+
+def test_the_strategy_warns_when_half_the_evaluated_clients_collapsed(caplog):
+    from flwr.common import Code, EvaluateRes, Status
+    from flwr.common.logger import FLOWER_LOGGER
+
+    def replies(collapsed: int, n: int = 4):
+        return [(p, EvaluateRes(Status(Code.OK, ""), 1.0, 10, {"partition_id": p.pid, "accuracy": 0.3,
+                                                                  **({"one_class_predicted": 1.0} if p.pid < collapsed else {})}))
+                for p in proxies(n)]
+
+    FLOWER_LOGGER.propagate = True
+    try:
+        for collapsed, warned in ((1, False), (2, True), (4, True), (0, False)):
+            caplog.clear()
+            FedAvg(num_clients=4, initial_arrays=[np.zeros(3)]).aggregate_evaluate(3, replies(collapsed), [])
+            text = [r.getMessage() for r in caplog.records if "predict one class" in r.getMessage()]
+            assert bool(text) == warned, collapsed
+            assert not warned or text[0].startswith(f"round 3: {collapsed} of 4 evaluated clients' models")
+    finally:
+        FLOWER_LOGGER.propagate = False
