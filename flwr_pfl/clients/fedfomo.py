@@ -81,7 +81,7 @@ class FedFomoClient(PFLClient):
         """The validation split, or the training split (with a warning) when there is none."""
         if self.data.val is not None:
             return self.data.val
-        log(WARNING, "FedFomo %s has no validation split (set val-fraction > 0): its model weights are computed "
+        log(WARNING, "FedFomo %s has no validation split (give LocalData(val=...) a validation loader; run config: val-fraction > 0): its model weights are computed "
             "on its training split", self.who)
         return self.data.train
 

@@ -109,10 +109,10 @@ class FedGPClient(PFLClient):
             return role == "target"
         num = int(context.node_config.get("num-partitions", 0))
         if target_partition < -1:
-            raise ConfigError(f"target-partition={target_partition} must be -1 (the last partition) or >= 0")
+            raise ConfigError(f"target_partition={target_partition} (run config <algorithm>.target-partition) must be -1 (the last partition) or >= 0")
         if num > 0 and target_partition >= num:
             raise ConfigError(
-                f"target-partition={target_partition} is outside the federation of {num} partitions "
+                f"target_partition={target_partition} (run config <algorithm>.target-partition) is outside the federation of {num} partitions "
                 f"(allowed: -1 or 0..{num - 1})"
             )
         if target_partition == -1:
@@ -123,11 +123,11 @@ class FedGPClient(PFLClient):
         dataset = data.train.dataset
         available = num_samples(data.train)  # > 0: PFLClient.check_training_data
         if not 0.0 <= fraction <= 1.0:
-            raise ConfigError(f"target-train-fraction={fraction} must lie in [0, 1] (0 = unused)")
+            raise ConfigError(f"target_train_fraction={fraction} (run config <algorithm>.target-train-fraction) must lie in [0, 1] (0 = unused)")
         if fraction > 0:
             samples = max(1, round(fraction * available))
         if samples < 0:
-            raise ConfigError(f"target-train-samples={samples} must be >= 0 (0 = all)")
+            raise ConfigError(f"target_train_samples={samples} (run config <algorithm>.target-train-samples) must be >= 0 (0 = all)")
         if samples > available:
             raise ConfigError(
                 f"target-train-samples={samples} but the target (partition {self.partition_id}) has only "

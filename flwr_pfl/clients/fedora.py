@@ -134,7 +134,7 @@ class FEDORAClient(PFLClient):
     def validation_loader(self) -> DataLoader:
         if self.data.val is not None:
             return self.data.val
-        log(WARNING, "FEDORA client %d has no validation split (set val-fraction > 0); Eq. 8 uses "
+        log(WARNING, "FEDORA client %d has no validation split (give LocalData(val=...) a validation loader; run config: val-fraction > 0); Eq. 8 uses "
             "the training split instead", self.partition_id)
         return self.data.train
 

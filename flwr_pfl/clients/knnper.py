@@ -179,7 +179,7 @@ class KNNPerClient(PFLClient):
             return select_lambda(self.knn(z, store), logits, y, self.grid), True
         warnings.warn(
             f"{self.who}: kNN-Per chooses lambda on a validation split and this client has none "
-            "(set val-fraction > 0); choosing it by leave-one-out on the training split instead",
+            "(give LocalData(val=...) a validation loader; run config: val-fraction > 0); choosing it by leave-one-out on the training split instead",
             RuntimeWarning, stacklevel=2,
         )
         exclude = torch.full((len(train_y),), -1, dtype=torch.long)

@@ -119,9 +119,10 @@ def select_wire_arrays(
         extra = [name for name in record.keys() if name not in used]
         raise ConfigError(
             f"initial_arrays lacks {len(missing)} array(s) the algorithm's wire carries: {_names(missing)}; "
-            f"it has {len(extra)} the wire does not carry: {_names(extra)}. Pass the model's state_dict "
-            f"(ArrayRecord(model.state_dict())), the wire arrays {_names(wanted)}, or an empty ArrayRecord "
-            "to ask a client for them"
+            f"it has {len(extra)} the wire does not carry: {_names(extra)}. The names are the clients' model's: "
+            f"pass the state_dict of the model the ClientApp builds (ArrayRecord(model.state_dict()); a model "
+            f"built otherwise names its tensors otherwise), the wire arrays {_names(wanted)}, or an empty "
+            "ArrayRecord to ask a client for them"
         )
     arrays = []
     for name, shape in layout:

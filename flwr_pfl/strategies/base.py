@@ -479,7 +479,8 @@ class PFLStrategy(FedAvg):
         if not self.num_rounds:
             raise NumRoundsRequired(
                 f"{type(self).__name__}: {what} needs the run's total number of rounds, which Flower's legacy "
-                f"strategies are never told: pass num_rounds=<the ServerConfig's num_rounds>, or {alternative}"
+                f"strategies are never told: pass num_rounds=<the rounds of your ServerConfig>, or {alternative} "
+                "(the Message API's start() tells the rounds itself)"
             )
 
     def run_round(self, server_round: int) -> int:

@@ -455,7 +455,8 @@ class FedDAR(DomainCountingStrategy):
             self._warned.add("large")
             log(WARNING, "FedDAR-SA with heads of P = %d parameters (feature width %d, > %d): the summed "
                 "Hessians are large and often ill-conditioned; the paper projects to a small "
-                "representation: set feature-dim <= 16 or use WA",
+                "representation: give the model a representation (the head's input) of width <= 16 "
+                "(run config: feature-dim <= 16), or use WA (aggregation=\"wa\")",
                 layout.num_params, layout.feature_dim, SA_COMFORTABLE_PARAMS)
         few = [(m, int(n)) for m, n in enumerate(pooled) if 0 < n < layout.in_dim]
         if few and "few" not in self._warned:

@@ -74,25 +74,25 @@ class ClientLevelDP:
     def check(self, num_clients: int) -> None:
         """ConfigError naming the setting, what it was and what is allowed."""
         if not self.noise_multiplier > 0:
-            raise ConfigError(f"dp-noise-multiplier={self.noise_multiplier}: a noise multiplier of 0 adds no noise and "
+            raise ConfigError(f"{type(self).__name__}(noise_multiplier={self.noise_multiplier}) (run config dp-noise-multiplier): a noise multiplier of 0 adds no noise and "
                               "gives no privacy; use a value > 0 (about 1 for a useful guarantee), or leave client-level "
                               "DP off (clip-update-norm bounds a client's pull without claiming privacy)")
         if not self.clip_norm > 0:
-            raise ConfigError(f"dp-clip-norm={self.clip_norm}: client-level DP needs a clipping norm > 0 (the sensitivity "
+            raise ConfigError(f"{type(self).__name__}(clip_norm={self.clip_norm}) (run config dp-clip-norm): client-level DP needs a clipping norm > 0 (the sensitivity "
                               "that the noise is scaled to)")
         if not 0 < self.delta < 1 / num_clients:
-            raise ConfigError(f"dp-delta={self.delta}: delta must be in (0, 1/num_clients = {1 / num_clients:.3g}); a "
+            raise ConfigError(f"{type(self).__name__}(delta={self.delta}) (run config dp-delta): delta must be in (0, 1/num_clients = {1 / num_clients:.3g}); a "
                               "delta of 0 has no finite epsilon for the Gaussian mechanism, and one of 1/N or more allows "
                               "releasing a client's data outright")
         if self.max_epsilon is not None and not self.max_epsilon > 0:
-            raise ConfigError(f"dp-max-epsilon={self.max_epsilon}: must be > 0, or 0 for no limit")
+            raise ConfigError(f"{type(self).__name__}(max_epsilon={self.max_epsilon}) (run config dp-max-epsilon): must be > 0, or 0 for no limit")
         if self.adaptive:
             if not 0 < self.target_quantile < 1:
-                raise ConfigError(f"dp-target-quantile={self.target_quantile}: must be in (0, 1)")
+                raise ConfigError(f"{type(self).__name__}(target_quantile={self.target_quantile}) (run config dp-target-quantile): must be in (0, 1)")
             if not self.clip_learning_rate > 0:
-                raise ConfigError(f"dp-clip-learning-rate={self.clip_learning_rate}: must be > 0")
+                raise ConfigError(f"{type(self).__name__}(clip_learning_rate={self.clip_learning_rate}) (run config dp-clip-learning-rate): must be > 0")
             if self.count_stddev is not None and not self.count_stddev > self.noise_multiplier / 2:
-                raise ConfigError(f"dp-count-stddev={self.count_stddev}: must exceed dp-noise-multiplier / 2 "
+                raise ConfigError(f"{type(self).__name__}(count_stddev={self.count_stddev}) (run config dp-count-stddev): must exceed dp-noise-multiplier / 2 "
                                   f"= {self.noise_multiplier / 2} (Andrew et al., Thm. 1), or 0 for m / 20")
 
 

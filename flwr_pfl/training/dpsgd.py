@@ -71,12 +71,12 @@ class RecordLevelDP:
 
     def __post_init__(self) -> None:
         if not self.noise_multiplier > 0:
-            raise ConfigError(f"dp-record-noise-multiplier={self.noise_multiplier}: DP-SGD needs noise > 0 (0 turns "
+            raise ConfigError(f"{type(self).__name__}(noise_multiplier={self.noise_multiplier}) (run config dp-record-noise-multiplier): DP-SGD needs noise > 0 (0 turns "
                               "record-level DP off)")
         if not self.clip_norm > 0:
-            raise ConfigError(f"dp-record-clip-norm={self.clip_norm}: DP-SGD needs a clipping norm > 0")
+            raise ConfigError(f"{type(self).__name__}(clip_norm={self.clip_norm}) (run config dp-record-clip-norm): DP-SGD needs a clipping norm > 0")
         if not 0 < self.delta < 1:
-            raise ConfigError(f"dp-record-delta={self.delta}: delta must be in (0, 1) and below 1/n for a client of n "
+            raise ConfigError(f"{type(self).__name__}(delta={self.delta}) (run config dp-record-delta): delta must be in (0, 1) and below 1/n for a client of n "
                               "records (0 has no finite epsilon)")
 
 

@@ -170,11 +170,11 @@ class OptimizerConfig:
         object.__setattr__(self, "scheduler_options", _normalize("lr-scheduler", self.scheduler_options))
         object.__setattr__(self, "scheduler", self.scheduler.lower())
         if not self.learning_rate > 0:
-            raise ConfigError(f"learning-rate must be > 0, got {self.learning_rate}")
+            raise ConfigError(f"OptimizerConfig(learning_rate=...) (run config learning-rate) must be > 0, got {self.learning_rate}")
         if not 0 <= self.momentum < 1:
             raise ConfigError(f"momentum must be in [0, 1), got {self.momentum}")
         if self.weight_decay < 0:
-            raise ConfigError(f"weight-decay must be >= 0, got {self.weight_decay}")
+            raise ConfigError(f"OptimizerConfig(weight_decay=...) (run config weight-decay) must be >= 0, got {self.weight_decay}")
         if self.weight_decay and "weight_decay" not in _keywords(cls, 1):
             raise ConfigError(f"{cls.__name__} has no weight decay; set weight-decay to 0 (got {self.weight_decay})")
         _check_options("optimizer", cls, self.options, _keywords(cls, 1), OWN_ARGUMENTS)

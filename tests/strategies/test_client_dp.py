@@ -173,8 +173,8 @@ def test_the_mean_family_accepts_it(algorithm):
 
 @pytest.mark.parametrize(("keys", "message"), [
     ({"dp-clip-norm": 2.0}, "dp-clip-norm=2.0 set with dp-noise-multiplier=0: without noise there is no differential privacy"),
-    ({"dp-noise-multiplier": 1.0, "dp-delta": 0.0}, "dp-delta=0.0: delta must be in"),
-    ({"dp-noise-multiplier": 1.0, "dp-delta": 0.25}, r"dp-delta=0.25: delta must be in \(0, 1/num_clients"),
+    ({"dp-noise-multiplier": 1.0, "dp-delta": 0.0}, r"ClientLevelDP\(delta=0.0\) \(run config dp-delta\): delta must be in"),
+    ({"dp-noise-multiplier": 1.0, "dp-delta": 0.25}, r"\(run config dp-delta\): delta must be in \(0, 1/num_clients"),
     ({"dp-noise-multiplier": 1.0, "dp-clip-norm": 0.0}, "needs a clipping norm > 0"),
     ({"dp-noise-multiplier": 1.0, "dp-adaptive-clipping": True, "dp-count-stddev": 0.4}, "must exceed dp-noise-multiplier / 2"),
     ({"dp-noise-multiplier": 1.0, "dp-adaptive-clipping": True}, r"4 clients per round: .* default clients / 20 = 0.2\) must "
@@ -211,19 +211,19 @@ def test_a_run_records_the_privacy_spent_each_round(tmp_path, blobs_dataset):
 
 # ------------------------------------------------------------------------------ details the tool asked about
 @pytest.mark.parametrize(("settings", "message"), [
-    ({"noise_multiplier": 0.0}, r"^dp-noise-multiplier=0.0: a noise multiplier of 0 adds no noise and gives no privacy; "
+    ({"noise_multiplier": 0.0}, r"^ClientLevelDP\(noise_multiplier=0.0\) \(run config dp-noise-multiplier\): a noise multiplier of 0 adds no noise and gives no privacy; "
                                 r"use a value > 0 \(about 1 for a useful guarantee\), or leave client-level DP off "
                                 r"\(clip-update-norm bounds a client's pull without claiming privacy\)$"),
-    ({"clip_norm": 0.0}, r"^dp-clip-norm=0.0: client-level DP needs a clipping norm > 0 \(the sensitivity that the noise "
+    ({"clip_norm": 0.0}, r"^ClientLevelDP\(clip_norm=0.0\) \(run config dp-clip-norm\): client-level DP needs a clipping norm > 0 \(the sensitivity that the noise "
                          r"is scaled to\)$"),
-    ({"delta": 0.25}, r"^dp-delta=0.25: delta must be in \(0, 1/num_clients = 0.2\); a delta of 0 has no finite epsilon "
+    ({"delta": 0.25}, r"^ClientLevelDP\(delta=0.25\) \(run config dp-delta\): delta must be in \(0, 1/num_clients = 0.2\); a delta of 0 has no finite epsilon "
                       r"for the Gaussian mechanism, and one of 1/N or more allows releasing a client's data outright$"),
-    ({"max_epsilon": 0.0}, r"^dp-max-epsilon=0.0: must be > 0, or 0 for no limit$"),
-    ({"adaptive": True, "target_quantile": 0.0}, r"^dp-target-quantile=0.0: must be in \(0, 1\)$"),
-    ({"adaptive": True, "clip_learning_rate": 0.0}, r"^dp-clip-learning-rate=0.0: must be > 0$"),
-    ({"adaptive": True, "count_stddev": 0.5}, r"^dp-count-stddev=0.5: must exceed dp-noise-multiplier / 2 = 0.5 "
+    ({"max_epsilon": 0.0}, r"^ClientLevelDP\(max_epsilon=0.0\) \(run config dp-max-epsilon\): must be > 0, or 0 for no limit$"),
+    ({"adaptive": True, "target_quantile": 0.0}, r"^ClientLevelDP\(target_quantile=0.0\) \(run config dp-target-quantile\): must be in \(0, 1\)$"),
+    ({"adaptive": True, "clip_learning_rate": 0.0}, r"^ClientLevelDP\(clip_learning_rate=0.0\) \(run config dp-clip-learning-rate\): must be > 0$"),
+    ({"adaptive": True, "count_stddev": 0.5}, r"^ClientLevelDP\(count_stddev=0.5\) \(run config dp-count-stddev\): must exceed dp-noise-multiplier / 2 = 0.5 "
                                               r"\(Andrew et al., Thm. 1\), or 0 for m / 20$"),
-    ({"adaptive": True, "count_stddev": 0.4}, r"^dp-count-stddev=0.4: must exceed"),
+    ({"adaptive": True, "count_stddev": 0.4}, r"^ClientLevelDP\(count_stddev=0.4\) \(run config dp-count-stddev\): must exceed"),
 ])
 def test_each_bad_setting_gets_its_own_message(settings, message):
     with pytest.raises(ConfigError, match=message):

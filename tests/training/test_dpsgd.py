@@ -277,10 +277,10 @@ def test_the_messages_name_the_setting_the_modules_and_the_way_out():
         check_model(nn.Sequential(*[nn.BatchNorm1d(2) for _ in range(4)]))
     with pytest.raises(ConfigError, match=r"^node 3: .*running statistics \(0, 1, 2\): "):
         check_model(nn.Sequential(*[nn.BatchNorm1d(2) for _ in range(3)]), "node 3")
-    with pytest.raises(ConfigError, match=r"^dp-record-noise-multiplier=0.0: DP-SGD needs noise > 0 \(0 turns "
+    with pytest.raises(ConfigError, match=r"^RecordLevelDP\(noise_multiplier=0.0\) \(run config dp-record-noise-multiplier\): DP-SGD needs noise > 0 \(0 turns "
                        r"record-level DP off\)$"):
         RecordLevelDP(0.0)
-    with pytest.raises(ConfigError, match=r"^dp-record-delta=1.0: delta must be in \(0, 1\) and below 1/n for a client "
+    with pytest.raises(ConfigError, match=r"^RecordLevelDP\(delta=1.0\) \(run config dp-record-delta\): delta must be in \(0, 1\) and below 1/n for a client "
                        r"of n records \(0 has no finite epsilon\)$"):
         RecordLevelDP(1.0, delta=1.0)
 
