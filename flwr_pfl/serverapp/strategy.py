@@ -313,7 +313,7 @@ class PFLMessageStrategy(Strategy):
             if parameters is not None:
                 self._parameters = parameters
             hands_back = parameters is not None and self.logic.has_global_model
-            out = (self.record(parameters) if hands_back else None, numeric_record(metrics))
+            out = (self.record(parameters) if hands_back else None, self.metric_record(metrics))
         if self._parameters is not None:  # the legacy loop's server-side evaluation of the round
             self.logic.evaluate(server_round, self._parameters)
         return out
@@ -331,9 +331,15 @@ class PFLMessageStrategy(Strategy):
             results, failures = self._collect(pending, replies, EVALUATE, MessageNode.evaluate_res)
             _, metrics = self.logic.aggregate_evaluate(server_round, results, failures)
             self.phase_done(server_round, "evaluate", results, failures)
-            out = numeric_record(metrics)
+            out = self.metric_record(metrics)
         self.round_done(server_round)
         return out
+
+    def metric_record(self, metrics: dict[str, Any]) -> MetricRecord:
+        """An aggregation's metrics as the MetricRecord handed to Flower's loop: the numeric
+        ones, with each client metric also under Flower's and the user's names
+        (:func:`~flwr_pfl.strategies.hooks.flower_named`, the logic's ``metric_names``)."""
+        return numeric_record(hooks.flower_named(metrics, self.logic.metric_names))
 
     def summary(self) -> None:
         if self._logic is None:  # Flower's examples log the summary before the first round

@@ -228,6 +228,12 @@ class PFLStrategy(FedAvg):
             at its end instead (:func:`~flwr_pfl.app.results.judge_run`). With
             ``accept_failures=False`` (rounds with any failure are left unaggregated on purpose,
             also where some clients trained) it does not apply.
+        metric_names: your names for the clients' metrics, as your own ClientApp reported them
+            (``{"accuracy": "eval_acc", "loss": "eval_loss"}``). The Message-API strategies'
+            MetricRecords (``Result.train_metrics_clientapp``, ``evaluate_metrics_clientapp``)
+            carry each metric ``k`` the clients report as its example-weighted mean under ``k``,
+            as Flower's FedAvg does, and under your name where this maps ``k`` to one, beside the
+            suite's summaries (``k_wmean``, ``k_min``, ``k_max``, ...).
 
     ``clip_update_norm`` and ``"trimmed-mean"`` apply to algorithms whose replies are the global
     arrays trained further and whose aggregation is this class's weighted mean (FedAvg, Local,
@@ -313,6 +319,7 @@ class PFLStrategy(FedAvg):
         client_dp: ClientLevelDP | None = None,
         secure_aggregation: bool = False,
         stop_if_nothing_trains: bool = True,
+        metric_names: Mapping[str, str] | None = None,
     ) -> None:
         if num_clients < 1:
             raise ValueError(f"num_clients must be >= 1, got {num_clients}")
@@ -375,6 +382,7 @@ class PFLStrategy(FedAvg):
         )
         self.num_clients = num_clients
         self.stop_if_nothing_trains = stop_if_nothing_trains
+        self.metric_names = hooks.check_metric_names(type(self).__name__, metric_names)
         self.extra_fit_config = dict(fit_config or {})
         self.on_round = on_round
         self.wait_timeout = wait_timeout

@@ -143,3 +143,32 @@ def resolve_seed(seed: int | None) -> int:
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"seed must be an int (or None for an unseeded run, with a warning), got {seed!r}")
     return int(seed)
+
+
+#: the suffix of the example-weighted mean of a metric the clients report
+WEIGHTED_MEAN = "_wmean"
+
+
+def check_metric_names(owner: str, names: Any) -> dict[str, str]:
+    """``metric_names`` checked: a mapping of the clients' metric names to the user's."""
+    if names is None:
+        return {}
+    if not isinstance(names, Mapping) or not all(isinstance(k, str) and isinstance(v, str) and v for k, v in names.items()):
+        raise ConfigError(f"{owner}: metric_names must map the clients' metric names to yours as strings (e.g. "
+                          f"{{'accuracy': 'eval_acc', 'loss': 'eval_loss'}}), got {names!r}")
+    return dict(names)
+
+
+def flower_named(metrics: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
+    """The aggregated ``metrics`` as Flower's FedAvg names them, added to the suite's: each metric
+    ``k`` the clients report, as its example-weighted mean (``k_wmean``) under ``k`` itself, and
+    under the user's name where ``names`` gives one (``{"accuracy": "eval_acc"}``). The suite's
+    own summaries (``k_wmean``, ``k_min``, ...) stay."""
+    out = dict(metrics)
+    for key, value in metrics.items():
+        if key.endswith(WEIGHTED_MEAN) and key[: -len(WEIGHTED_MEAN)] not in metrics:
+            out[key[: -len(WEIGHTED_MEAN)]] = value
+    for ours, theirs in names.items():
+        if ours in out:
+            out[theirs] = out[ours]
+    return out

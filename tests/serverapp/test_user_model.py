@@ -127,3 +127,24 @@ def test_fedora_hands_back_no_arrays_rather_than_the_untouched_initial_model():
     result = start(FEDORA(num_clients=3), app_for(FEDORAClient), whole(), rounds=1)
     assert len(result.arrays) == 0
     assert result.evaluate_metrics_clientapp  # the clients' own models were evaluated
+
+
+def test_the_clients_metrics_reach_flowers_result_under_flowers_and_the_users_names():
+    """Flower's FedAvg reports each client metric's example-weighted mean under its own name;
+    metric_names adds the user's names (advanced-pytorch's client called them eval_acc and
+    eval_loss). The suite's summaries stay beside them."""
+    strategy = FedRep(num_clients=3, metric_names={"accuracy": "eval_acc", "loss": "eval_loss"})
+    result = start(strategy, app_for(FedRepClient), whole())
+    for server_round in (1, 2):
+        evaluated = result.evaluate_metrics_clientapp[server_round]
+        assert evaluated["eval_acc"] == evaluated["accuracy"] == evaluated["accuracy_wmean"]
+        assert evaluated["eval_loss"] == evaluated["loss"] == evaluated["loss_wmean"]
+        assert evaluated["accuracy_min"] <= evaluated["eval_acc"] <= evaluated["accuracy_max"]
+        trained = result.train_metrics_clientapp[server_round]
+        assert trained["train_loss"] == trained["train_loss_wmean"] and "eval_acc" not in trained
+
+
+@pytest.mark.parametrize("names", [{"accuracy": 3}, ["accuracy"], {"accuracy": ""}])
+def test_metric_names_must_map_names_to_names(names):
+    with pytest.raises(ConfigError, match=r"metric_names must map the clients' metric names to yours"):
+        FedRep(num_clients=3, metric_names=names)
