@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from logging import INFO, WARNING
 from typing import Any, TypeVar
 
+import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common import EvaluateRes, FitRes, GetPropertiesIns, Parameters, log, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_proxy import ClientProxy
@@ -267,7 +268,8 @@ class PFLMessageStrategy(Strategy):
         ``state_dict``, it is that ``state_dict`` again, loadable into the user's model with
         ``load_state_dict``: the global arrays by name, and where the algorithm shares only a
         part (FedRep's and pFedFDA's body, FedBN's layers outside BatchNorm), the rest as it
-        was given (the clients' own parts stay on the nodes). The global arrays that have no
+        was given (the clients' own parts stay on the nodes), except a head the global model
+        implies (pFedFDA's LDA head of the global statistics, :meth:`_server_head`). The global arrays that have no
         place in the user's model are kept apart in :attr:`extra_arrays`. Otherwise the wire
         arrays, named when known."""
         arrays = parameters_to_ndarrays(parameters)
@@ -277,6 +279,7 @@ class PFLMessageStrategy(Strategy):
             return self._returned
         trained = dict(zip(names, arrays))
         model = {name: trained.get(name, initial) for name, initial in self._template.items()}
+        model.update(self._server_head({name: a for name, a in model.items() if name not in trained}))
         self.extra_arrays = messages.pack_arrays(*_named({n: a for n, a in trained.items() if n not in model}))
         outside = [n for n in trained if n not in model and not outside_user_model(n)]
         if outside:  # a wire array neither in the user's model nor the algorithm's own: keep the wire arrays
@@ -284,6 +287,21 @@ class PFLMessageStrategy(Strategy):
             return self._returned
         self._returned = messages.pack_arrays(*_named(model))
         return self._returned
+
+    def _server_head(self, unshared: dict[str, Any]) -> dict[str, Any]:
+        """The logic's :meth:`~flwr_pfl.strategies.base.PFLStrategy.server_head` in place of the
+        user's head: the one unshared weight and bias of its shapes (pFedFDA's ``fc3``); nothing
+        when the logic implies no head or the shapes do not single one out."""
+        head = self.logic.server_head()
+        if head is None:
+            return {}
+        out = {}
+        for array in head:
+            fits = [name for name, given in unshared.items() if np.shape(given) == np.shape(array)]
+            if len(fits) != 1:
+                return {}
+            out[fits[0]] = np.asarray(array, dtype=np.asarray(unshared[fits[0]]).dtype)
+        return out
 
     # ---------------------------------------------------------------- Message-API steps
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:

@@ -989,6 +989,13 @@ class PFLStrategy(FedAvg):
         log(INFO, "round %d: %s", self.run_round(server_round), _headline(metrics))
         return loss, metrics
 
+    def server_head(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The (weight, bias) of a linear head that the global model implies for a user's model
+        whose head is not on the wire, or None (the head stays as the user gave it). pFedFDA's
+        global statistics imply one; the Message-API strategies put it in what they hand back
+        (:meth:`~flwr_pfl.serverapp.strategy.PFLMessageStrategy.record`)."""
+        return None
+
     def warn_if_collapsed(self, server_round: int, clients: list[dict[str, Any]]) -> None:
         """A WARNING when at least half of the evaluated clients' models predicted one class for
         all their test samples although these hold several (their metric

@@ -56,6 +56,7 @@ from flwr_pfl.core.pfedfda import (
     global_statistics_summary,
     init_global_statistics,
     join_wire,
+    lda_head,
     split_wire,
 )
 from flwr_pfl.errors import ConfigError, ReplyError
@@ -130,6 +131,18 @@ class PFedFDA(PFLStrategy):
     def split(self, arrays: NDArrays) -> tuple[NDArrays, np.ndarray, np.ndarray]:
         """(backbone, mu (C, d), Sigma (d, d)) of a message."""
         return split_wire(arrays, packed_cov=self.packed_cov)
+
+    def server_head(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The global generative classifier as a linear head: the LDA head (Eq. 4) of the global
+        statistics (mu_g, Sigma_g) with uniform class priors and the clients' default
+        shrinkage. Each client's own head uses its interpolated statistics and its label
+        priors instead; this one is what a server without any client's data can say."""
+        if self.global_arrays is None:
+            return None
+        _, mu, sigma = self.split(self.global_arrays)
+        priors = np.full(mu.shape[0], 1.0 / mu.shape[0])
+        weight, bias = lda_head(mu.astype(np.float64), sigma.astype(np.float64), priors)
+        return weight.numpy().astype(mu.dtype), bias.numpy().astype(mu.dtype)
 
     def initial_global_arrays(self, parameters: Parameters) -> NDArrays:
         """The first global arrays: the client's backbone with the server's mu_g^0, Sigma_g^0."""

@@ -18,6 +18,7 @@ from fakes import BatchNormDropoutNet, QuickNet, image_tensors
 from flwr_pfl.app.inprocess import InProcessGrid
 from flwr_pfl.clientapp import register_handlers
 from flwr_pfl.clients import FEDORAClient, FedBNClient, FedRepClient, LocalClient, LocalData, PFedFDAClient, TrainConfig
+from flwr_pfl.core.pfedfda import lda_head
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.serverapp import FEDORA, FedBN, FedRep, Local, PFedFDA
 from flwr_pfl.training import OptimizerConfig
@@ -84,10 +85,21 @@ def test_fedrep_hands_back_the_users_net_with_its_trained_body_and_the_given_hea
     assert not np.array_equal(seen[1][1]["fc1.weight"].numpy(), initial["fc1.weight"].numpy())  # round 1's body
 
 
-def test_pfedfda_keeps_its_statistics_apart_and_hands_back_a_loadable_net():
+def test_pfedfda_keeps_its_statistics_apart_and_hands_back_its_global_classifier_as_the_head():
+    """pFedFDA's global model is the backbone and the Gaussian classifier of the global
+    statistics: the head handed back is that classifier's LDA head (Eq. 4, uniform priors)."""
+    initial = whole()
     strategy = PFedFDA(num_clients=3)
-    result = start(strategy, app_for(PFedFDAClient), whole(), rounds=1)
+    result = start(strategy, app_for(PFedFDAClient), initial, rounds=1)
     loads_strictly(result.arrays)
+    _, mu, sigma = strategy.logic.split(strategy.logic.global_arrays)
+    weight, bias = lda_head(mu.astype(np.float64), sigma.astype(np.float64), np.full(3, 1 / 3))
+    np.testing.assert_allclose(result.arrays["fc3.weight"].numpy(), weight.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(result.arrays["fc3.bias"].numpy(), bias.numpy(), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(result.arrays["fc3.weight"].numpy(), initial["fc3.weight"].numpy())
+    # the closed form: W = Sigma~^-1 mu, the shrunk covariance's solve
+    shrunk = (1 - 1e-4) * sigma.astype(np.float64) + 1e-4 * np.trace(sigma) / sigma.shape[0] * np.eye(sigma.shape[0])
+    np.testing.assert_allclose(result.arrays["fc3.weight"].numpy(), np.linalg.solve(shrunk, mu.T).T, rtol=1e-4, atol=1e-5)
     assert not any(":" in name for name in result.arrays.keys())
     extras = dict(strategy.extra_arrays.items())
     assert sorted(extras) and all(name.startswith("pfedfda:") for name in extras)
