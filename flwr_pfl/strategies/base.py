@@ -1032,7 +1032,8 @@ class PFLStrategy(FedAvg):
         if self._trained or not self.stop_if_nothing_trains or not self.accept_failures or lost_replies(metrics) == 0:
             return  # accept_failures=False leaves rounds unaggregated on purpose, also where some clients trained
         failures = list(self._fit_failures)
-        quoted = f"the clients' errors: {describe_failures(failures)}" if failures else "the clients' errors are logged above"
+        quoted = (f"the clients' errors ({len(failures)}): {describe_failures(failures)}" if failures
+                  else "the clients' errors are logged above")
         raise NoTrainingError(
             f"{type(self).__name__}, round {self.run_round(server_round)} ({phase}): every client asked to train failed or "
             f"was rejected, and no round has trained yet; {quoted}. An error every client raises at the start repeats in "

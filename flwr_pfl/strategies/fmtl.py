@@ -220,27 +220,33 @@ class FedFMTL(PFLStrategy):
     # ---------------------------------------------------------------- schedule and instructions
     def check_phases(self) -> None:
         """Resolve ``t1_rounds=None`` to the first half of the run's rounds (rounded up), and
-        refuse a run whose rounds all fall in phase 1: it would be plain FedAvg, and FMTL's
-        head-only rounds (the method) would never run. Called when the run's rounds are known:
-        at construction with ``num_rounds``, else (Message API) when ``start()`` has told them,
-        before round 1's instructions.
+        refuse a phase 1 longer than the run: every round would be plain FedAvg, and FMTL's
+        head-only rounds (the method) would never run. A phase 1 of exactly the run's rounds is
+        FMTL's phase 1 alone (the papers' FedAvg / FedProx baseline runs it so), and is logged
+        as such. Called when the run's rounds are known: at construction with ``num_rounds``,
+        else (Message API) when ``start()`` has told them, before round 1's instructions.
 
         Raises:
-            ConfigError: ``t1_rounds`` >= ``num_rounds`` (naming both, and the run-config keys).
+            ConfigError: ``t1_rounds`` > ``num_rounds`` (naming both, and the run-config keys).
             NumRoundsRequired: ``t1_rounds=None`` and the run's rounds are unknown.
         """
         if self.t1_given is None:
             self.require_num_rounds("t1_rounds=None (half of the run's rounds)", "give t1_rounds")
             self.t1_rounds = max(1, (self.num_rounds + 1) // 2) if self.num_rounds > 1 else 0
             return
-        if self.num_rounds and self.t1_rounds >= self.num_rounds:
-            raise ConfigError(
-                f"FedFMTL: t1_rounds={self.t1_rounds} (run config fmtl.t1-rounds) is not below the run's "
-                f"{self.num_rounds} rounds (num_rounds, num-server-rounds): every round would be phase 1, plain FedAvg, "
-                f"and FMTL's head-only rounds would never run. Set t1_rounds below num_rounds (the paper: 100 of 110; "
-                f"e.g. {max(self.num_rounds - max(self.num_rounds // 10, 1), 0)} of {self.num_rounds}), or 0 for heads only "
-                "from round 1"
-            )
+        if not self.num_rounds or self.t1_rounds < self.num_rounds:
+            return
+        if self.t1_rounds == self.num_rounds:
+            log(WARNING, "FedFMTL: t1_rounds=%d (run config fmtl.t1-rounds) equals the run's rounds: every round is "
+                "phase 1, FedAvg (FedProx with a proximal term), and no head-only round runs", self.t1_rounds)
+            return
+        raise ConfigError(
+            f"FedFMTL: t1_rounds={self.t1_rounds} (run config fmtl.t1-rounds) exceeds the run's {self.num_rounds} "
+            f"rounds (num_rounds, num-server-rounds): every round would be phase 1, plain FedAvg, and FMTL's "
+            f"head-only rounds would never run. Set t1_rounds below num_rounds (the paper: 100 of 110; e.g. "
+            f"{max(self.num_rounds - max(self.num_rounds // 10, 1), 0)} of {self.num_rounds}), or 0 for heads only "
+            "from round 1"
+        )
 
     def phase(self, server_round: int) -> int:
         """1 (FedAvg) for global rounds <= t1_rounds, else 2 (heads only)."""

@@ -73,7 +73,8 @@ def describe_failures(failures: Sequence[Any], limit: int = 3, width: int = 400)
     """The round's failures in words, the first ``limit`` distinct ones: Flower's ``failures``
     list of exceptions (a client's own error unwrapped from Flower's message) or ``(proxy,
     reply)`` pairs with a bad status or a rejected reply. An error several clients share (a
-    configuration error raises the same on every client) is quoted once, with its count."""
+    configuration error raises the same on every client) is quoted once, with its count where
+    the errors differ (one error for all is quoted alone)."""
     counts: dict[str, int] = {}
     for failure in failures:
         if isinstance(failure, BaseException):
@@ -86,6 +87,8 @@ def describe_failures(failures: Sequence[Any], limit: int = 3, width: int = 400)
             text = f"client {proxy.cid}: " + (res.status.message if bad_status else "its reply was rejected (see the warning above)")
         text = text if len(text) <= width else text[: width - 3] + "..."
         counts[text] = counts.get(text, 0) + 1
+    if len(counts) == 1:  # one error for all: the caller says how many failed
+        return next(iter(counts))
     texts = [text if n == 1 else f"{n} clients: {text}" for text, n in list(counts.items())[:limit]]
     more = f" (and {len(counts) - limit} more)" if len(counts) > limit else ""
     return "; ".join(texts) + more

@@ -244,13 +244,21 @@ def test_schedule_and_instructions():
 
 
 # ------------------------------------------------------------------------------ the two phases
-def test_a_phase_1_that_covers_every_round_is_refused_naming_both_settings():
-    """t1_rounds >= the run's rounds would make the run FedAvg only: refused at construction
-    when num_rounds is given, in the strategy's and the run config's terms."""
-    with pytest.raises(ConfigError, match=r"t1_rounds=100 \(run config fmtl\.t1-rounds\) is not below the run's 10 rounds"):
+def test_a_phase_1_longer_than_the_run_is_refused_naming_both_settings(caplog):
+    """t1_rounds > the run's rounds would make the run FedAvg only: refused at construction
+    when num_rounds is given, in the strategy's and the run config's terms. Exactly the run's
+    rounds is phase 1 alone (the papers' FedProx baseline), logged as such."""
+    with pytest.raises(ConfigError, match=r"t1_rounds=100 \(run config fmtl\.t1-rounds\) exceeds the run's 10 rounds"):
         FedFMTL(num_clients=2, num_rounds=10)
-    with pytest.raises(ConfigError, match=r"t1_rounds=10 .* e\.g\. 9 of 10"):
-        FedFMTL(num_clients=2, num_rounds=10, t1_rounds=10)
+    with pytest.raises(ConfigError, match=r"t1_rounds=11 .* e\.g\. 9 of 10"):
+        FedFMTL(num_clients=2, num_rounds=10, t1_rounds=11)
+    from flwr.common.logger import FLOWER_LOGGER
+    FLOWER_LOGGER.propagate = True
+    try:
+        assert FedFMTL(num_clients=2, num_rounds=10, t1_rounds=10).phase(10) == 1
+    finally:
+        FLOWER_LOGGER.propagate = False
+    assert any("equals the run's rounds: every round is phase 1" in r.getMessage() for r in caplog.records)
     assert FedFMTL(num_clients=2, num_rounds=10, t1_rounds=9).phase(10) == 2
 
 
@@ -271,5 +279,5 @@ def test_the_message_api_checks_the_phases_once_start_has_told_the_rounds():
     round 1's instructions, so a run of FedAvg only never sends a message."""
     s = FedFMTL(num_clients=2)  # num_rounds unknown: nothing to check yet
     s.num_rounds = 4  # what start(num_rounds=4) tells it
-    with pytest.raises(ConfigError, match=r"t1_rounds=100 .* the run's 4 rounds"):
+    with pytest.raises(ConfigError, match=r"t1_rounds=100 .* exceeds the run's 4 rounds"):
         s.configure_fit(1, ndarrays_to_parameters([np.zeros(2)]), manager(2))

@@ -66,7 +66,7 @@ def test_a_first_round_in_which_every_client_fails_stops_the_message_api_run_quo
     with pytest.raises(NoTrainingError, match=r"MessageFedRep|FedRep, round 1 \(fit\)") as caught:
         MessageFedRep(num_clients=3).start(grid=grid, initial_arrays=whole_state_dict(), num_rounds=3, timeout=60)
     text = str(caught.value)
-    assert "round 1 (fit)" in text and "3 clients: ConfigError: " + ERROR in text
+    assert "round 1 (fit)" in text and "the clients' errors (3): ConfigError: " + ERROR in text
     assert text.count(ERROR) == 1 and "stop_if_nothing_trains=False" in text
 
 
@@ -80,7 +80,7 @@ def test_the_legacy_loop_stops_too_and_no_second_round_is_asked():
         strategy = FedRep(num_clients=3, on_round=lambda r, phase, m, c: asked.append(r))
         return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=3))
 
-    with pytest.raises(NoTrainingError, match=r"FedRep, round 1 \(fit\).*" + r"3 clients: ConfigError: a batch is a dict"):
+    with pytest.raises(NoTrainingError, match=r"FedRep, round 1 \(fit\).*" + r"errors \(3\): ConfigError: a batch is a dict"):
         run_inprocess(ServerApp(server_fn=server_fn), LegacyClientApp(client_fn=client_fn), 3, {})
     assert set(asked) == {1}
 
@@ -139,6 +139,7 @@ def test_the_round_is_counted_in_the_whole_run_after_a_resume():
 def test_describe_failures_quotes_an_error_shared_by_several_clients_once_with_its_count():
     failures = [RuntimeError("x"), RuntimeError("x"), ValueError("y"), RuntimeError("x")]
     assert describe_failures(failures) == "3 clients: RuntimeError: x; ValueError: y"
+    assert describe_failures([RuntimeError("x")] * 3) == "RuntimeError: x"  # the caller says how many
     many = [RuntimeError(str(i)) for i in range(5)]
     assert describe_failures(many, limit=2) == "RuntimeError: 0; RuntimeError: 1 (and 3 more)"
 
