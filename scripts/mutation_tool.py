@@ -100,6 +100,11 @@ OWN_SELECTION: dict[str, tuple[str, ...]] = {
     "flwr_pfl/training/dpsgd.py": ("tests/training/test_dpsgd.py", "tests/clients/test_record_dp.py"),
     "flwr_pfl/strategies/privacy.py": ("tests/strategies/test_client_dp.py", "tests/core/test_dp.py"),
     "flwr_pfl/strategies/wrappers.py": ("tests/strategies/test_flower_dp_wrappers.py",),
+    "flwr_pfl/serverapp/layout.py": ("tests/serverapp/test_layout.py", "tests/serverapp/test_user_model.py",
+                                     "tests/serverapp/test_translation.py", "tests/properties/test_wire_properties.py"),
+    "flwr_pfl/serverapp/strategy.py": ("tests/serverapp/test_translation.py", "tests/serverapp/test_user_model.py",
+                                       "tests/serverapp/test_names_by_name.py", "tests/strategies/test_no_training.py",
+                                       "tests/strategies/test_flower_dp_wrappers.py"),
 }
 SCOPE.update(OWN_SELECTION)
 
