@@ -17,7 +17,14 @@
 * uses a private Flower home and port, so no SuperLink left over from another project (with
   another environment) is reused, and stops the SuperLink it started when the run ends;
 * checks the run's final status with ``flwr list`` (``flwr run`` exits 0 even when the app
-  failed) and exits non-zero unless the run finished successfully. A run that trained nothing
+  failed) and exits non-zero unless the run finished successfully.
+
+``--federation NAME`` submits to a deployment instead: the SuperLink that ``NAME`` names in the
+Flower home's ``config.toml`` (``$FLWR_HOME``, default ``~/.flwr``), with its SuperNodes. The
+run config is checked here first, keys and values, and a bad one is refused naming the key and
+what is allowed: a SuperLink answers an unknown key only with ``[code: 15] Invalid run
+configuration.``, the key itself in its own log. The run is then followed (``--stream``) and its
+final status read back as in simulation; nothing is started or stopped locally. A run that trained nothing
   (every client failed in a round, or a diverged run left at chance) is a failed run too: the
   ServerApp raises once its results are written (:func:`flwr_pfl.app.results.judge_run`; the
   run key ``fail-on-no-training = false`` keeps such a run completed).
@@ -26,6 +33,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import shutil
@@ -135,9 +143,11 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def last_run_status(env: dict[str, str], flwr: Path | str = "flwr") -> str:
-    """Status of the newest run on the local SuperLink, e.g. ``finished:completed``."""
-    out = subprocess.run([str(flwr), "list", "--format", "json"], env=env, capture_output=True, text=True)
+def last_run_status(env: dict[str, str], flwr: Path | str = "flwr", federation: str | None = None) -> str:
+    """Status of the newest run on the local SuperLink (or ``federation``'s), e.g.
+    ``finished:completed``."""
+    where = [federation] if federation else []
+    out = subprocess.run([str(flwr), "list", *where, "--format", "json"], env=env, capture_output=True, text=True)
     try:
         runs = json.loads(out.stdout).get("runs", [])
     except json.JSONDecodeError:
@@ -162,7 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=39291, help="private SuperLink HTTP port (default 39291)")
     parser.add_argument("--keep-superlink", action="store_true", help="leave the SuperLink running afterwards")
     parser.add_argument("--no-stage", action="store_true", help="run the app directory itself, not a clean copy of it")
+    parser.add_argument("--federation", default=None,
+                        help="submit to this deployment (a SuperLink named in $FLWR_HOME/config.toml) instead of simulating")
     args = parser.parse_args(argv)
+    if args.federation is not None:
+        return submit(args)
 
     app = (args.app or app_dir()).resolve()
     flwr_home = (args.flwr_home or default_flwr_home(app)).resolve()
@@ -194,6 +208,58 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.keep_superlink:
             stop_superlink(flwr_home)
+    print(f"run status: {status}", flush=True)
+    return 0 if status == "finished:completed" else 1
+
+
+def checked_run_config(overrides: dict, app: Path) -> dict:
+    """The run config ``overrides`` make of ``app``'s, checked as the ServerApp will check it
+    (every key known, every value in range: :func:`~flwr_pfl.app.config.parse_experiment`).
+
+    Raises:
+        SystemExit: naming the key and what is allowed.
+    """
+    try:
+        config = default_run_config(overrides, app)
+    except ValueError as err:  # Flower's fusing: a key the app's pyproject.toml does not have
+        known = sorted(default_run_config({}, app))
+        unknown = [key for key in overrides if key not in known]
+        hints = "".join(f"; {key!r}: did you mean {close[0]!r}?" for key in unknown
+                        if (close := difflib.get_close_matches(key, known, n=1)))
+        raise SystemExit(f"run config refused before submitting: unknown key(s) {unknown} ({err}){hints}; the app's keys "
+                         f"are those of its pyproject.toml [tool.flwr.app.config]") from None
+    from flwr_pfl.app.config import parse_experiment  # the training stack: only once the keys are known
+    from flwr_pfl.errors import ConfigError
+
+    try:
+        parse_experiment(config)
+    except ConfigError as err:
+        raise SystemExit(f"run config refused before submitting: {err}") from None
+    return config
+
+
+def submit(args: argparse.Namespace) -> int:
+    """``--federation``: check the run config here, submit it to the deployment's SuperLink,
+    follow it and report its final status (exit 0 only for ``finished:completed``)."""
+    app = (args.app or app_dir()).resolve()
+    flwr = flwr_executable()
+    overrides = parse_overrides(args.run_config)
+    checked_run_config(overrides, app)
+    env = {**os.environ, **SAFE_ENV}
+    if args.flwr_home is not None:
+        env["FLWR_HOME"] = str(args.flwr_home.resolve())
+    home = Path(env.get("FLWR_HOME", Path.home() / ".flwr"))
+    home.mkdir(parents=True, exist_ok=True)
+    bundled = app.resolve() == BUNDLED_APP.resolve()
+    run_dir = app if args.no_stage else (stage_bundled_app if bundled else stage_app)(app, home / "flwr-pfl-app")
+    command = [str(flwr), "run", str(run_dir), args.federation, "--stream"]
+    if overrides:
+        fused = home / "flwr-pfl-run-config.toml"
+        fused.write_text(to_toml(overrides))
+        command += ["--run-config", str(fused)]
+    print(f"$ {' '.join(command)}", flush=True)
+    code = subprocess.run(command, env=env).returncode
+    status = last_run_status(env, flwr, args.federation) if code == 0 else f"flwr run exited with {code}"
     print(f"run status: {status}", flush=True)
     return 0 if status == "finished:completed" else 1
 

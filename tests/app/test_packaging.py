@@ -247,3 +247,39 @@ def test_the_launcher_does_not_import_the_training_stack():
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+# ------------------------------------------------------------------------------ submitting to a deployment
+def test_a_deployment_submission_refuses_an_unknown_key_by_name_before_any_flwr_command(monkeypatch):
+    """A SuperLink answers an unknown run-config key only with ``[code: 15] Invalid run
+    configuration.``; the launcher names it, with the nearest known key, and submits nothing."""
+    monkeypatch.setattr(launch.subprocess, "run", lambda *a, **k: pytest.fail(f"a command ran: {a}"))
+    with pytest.raises(SystemExit, match=r"unknown key\(s\) \['num-clinets'\].*'num-clinets': did you mean 'num-clients'\?"):
+        launch.main(["--federation", "fleet", "-c", "num-clinets=3"])
+
+
+def test_a_deployment_submission_refuses_a_bad_value_naming_the_key(monkeypatch):
+    monkeypatch.setattr(launch.subprocess, "run", lambda *a, **k: pytest.fail(f"a command ran: {a}"))
+    with pytest.raises(SystemExit, match=r"refused before submitting: .*\(run config learning-rate\) must be > 0"):
+        launch.main(["--federation", "fleet", "-c", "learning-rate=-1"])
+
+
+def test_a_deployment_submission_runs_flwr_on_the_named_federation_and_reads_its_status(monkeypatch, tmp_path):
+    """A checked config goes to ``flwr run <app> <federation> --stream --run-config``, in the
+    user's Flower home (where the federation is named), and the exit code follows the run's
+    final status on that federation."""
+    calls: list[tuple[list[str], dict]] = []
+
+    def fake_run(command, env=None, **kwargs):
+        calls.append((list(command), env))
+        if command[1] == "list":
+            return subprocess.CompletedProcess(command, 0, stdout='{"runs": [{"status": "finished:failed", "created-at": "1"}]}')
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(launch.subprocess, "run", fake_run)
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "home"))
+    assert launch.main(["--federation", "fleet", "-c", "num-clients=3 round-timeout=120"]) == 1  # finished:failed
+    (run, env), (listed, _) = calls
+    assert run[1:2] == ["run"] and run[3:5] == ["fleet", "--stream"] and run[5] == "--run-config"
+    assert "\"num-clients\" = 3" in Path(run[6]).read_text() and env["FLWR_HOME"] == str(tmp_path / "home")
+    assert listed[1:3] == ["list", "fleet"]
