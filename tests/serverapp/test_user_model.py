@@ -160,3 +160,39 @@ def test_the_clients_metrics_reach_flowers_result_under_flowers_and_the_users_na
 def test_metric_names_must_map_names_to_names(names):
     with pytest.raises(ConfigError, match=r"metric_names must map the clients' metric names to yours"):
         FedRep(num_clients=3, metric_names=names)
+
+
+def test_feddar_takes_the_users_whole_state_dict_and_starts_each_domains_head_as_the_users():
+    """The user's Net has one head; FedDAR's clients carry one per domain. The heads of domains
+    1..M-1 start as copies of the user's head (as each client starts them), travel apart in
+    extra_arrays, and what comes back loads into the user's Net."""
+    from flwr_pfl.clients import FedDARClient
+    from flwr_pfl.serverapp import FedDAR
+
+    def domain_data(pid: int) -> LocalData:
+        n = 24 + 6 * pid
+        x, y, d = image_tensors(n + 12, seed=95 + pid)
+        return LocalData(train=DataLoader(TensorDataset(x[:n], y[:n], d[:n]), batch_size=8, shuffle=True),
+                         test=DataLoader(TensorDataset(x[n:], y[n:], d[n:]), batch_size=12), num_domains=2)
+
+    def build(ctx: Context):
+        torch.manual_seed(0)
+        return FedDARClient(ctx, QuickNet(), domain_data(int(ctx.node_config["partition-id"])),
+                            TrainConfig(optimizer=OptimizerConfig(learning_rate=0.05)), head="fc3")
+
+    sent: list = []
+    handlers = register_handlers(ClientApp(), build)
+
+    def app(message, ctx):
+        if message.metadata.message_type == "train" and not sent:
+            sent.append(message.content.array_records["arrays"])
+        return handlers(message, ctx)
+
+    initial = whole()
+    strategy = FedDAR(num_clients=3)
+    result = start(strategy, app, initial, rounds=1)
+    loads_strictly(result.arrays)
+    assert sorted(strategy.extra_arrays.keys()) == ["extra_heads.0.bias", "extra_heads.0.weight"]
+    first = sent[0]
+    for name in HEAD:  # round 1 sent domain 1's head as a copy of the user's
+        np.testing.assert_array_equal(first[f"extra_heads.0.{name.split('.')[1]}"].numpy(), initial[name].numpy())
