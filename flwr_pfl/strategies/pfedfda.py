@@ -142,7 +142,7 @@ class PFedFDA(PFLStrategy):
         _, mu, sigma = self.split(self.global_arrays)
         priors = np.full(mu.shape[0], 1.0 / mu.shape[0])
         weight, bias = lda_head(mu.astype(np.float64), sigma.astype(np.float64), priors)
-        return weight.numpy().astype(mu.dtype), bias.numpy().astype(mu.dtype)
+        return weight.numpy(), bias.numpy()  # float64: the caller casts to the model's dtype
 
     def initial_global_arrays(self, parameters: Parameters) -> NDArrays:
         """The first global arrays: the client's backbone with the server's mu_g^0, Sigma_g^0."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from flwr.app import Array, ArrayRecord, Context, MetricRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.clientapp import ClientApp
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -96,6 +96,7 @@ def test_pfedfda_keeps_its_statistics_apart_and_hands_back_its_global_classifier
     weight, bias = lda_head(mu.astype(np.float64), sigma.astype(np.float64), np.full(3, 1 / 3))
     np.testing.assert_allclose(result.arrays["fc3.weight"].numpy(), weight.numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(result.arrays["fc3.bias"].numpy(), bias.numpy(), rtol=1e-5, atol=1e-6)
+    assert result.arrays["fc3.weight"].numpy().dtype == initial["fc3.weight"].numpy().dtype == np.float32
     assert not np.allclose(result.arrays["fc3.weight"].numpy(), initial["fc3.weight"].numpy())
     # the closed form: W = Sigma~^-1 mu, the shrunk covariance's solve
     shrunk = (1 - 1e-4) * sigma.astype(np.float64) + 1e-4 * np.trace(sigma) / sigma.shape[0] * np.eye(sigma.shape[0])
@@ -130,7 +131,7 @@ def test_an_algorithm_without_a_global_model_refuses_evaluate_fn_before_any_mess
         requests.append(message)
         return app(message, context)
 
-    with pytest.raises(ConfigError, match=f"cannot take evaluate_fn: {reason}"):
+    with pytest.raises(ConfigError, match=f"^{strategy_class.__name__} cannot take evaluate_fn: {reason}"):
         start(strategy_class(num_clients=3), recording, whole(), evaluate_fn=lambda r, a: MetricRecord({}))
     assert requests == []
 
@@ -196,3 +197,39 @@ def test_feddar_takes_the_users_whole_state_dict_and_starts_each_domains_head_as
     first = sent[0]
     for name in HEAD:  # round 1 sent domain 1's head as a copy of the user's
         np.testing.assert_array_equal(first[f"extra_heads.0.{name.split('.')[1]}"].numpy(), initial[name].numpy())
+
+
+def test_a_record_named_as_the_client_names_its_tensors_comes_back_as_the_wire_arrays():
+    """initial_arrays under the client's own names (``module.fc1.weight``, a split model's
+    state_dict): the arrays are found by name, and what comes back is the wire's arrays under the
+    user's names (there is no user's state_dict to fill)."""
+    whole_record = whole()
+    initial = ArrayRecord({f"module.{k}": v for k, v in whole_record.items()})
+    result = start(FedRep(num_clients=3), app_for(FedRepClient), initial, rounds=1)
+    assert list(result.arrays.keys()) == [k for k in whole_record.keys() if k not in HEAD]
+
+
+class CopyingLoop(PFedFDA):
+    """A subclass whose own round loop hands each round a copy of the last arrays (a new record,
+    as a user's loop that edits them does), not the record the strategy returned."""
+
+    def start(self, grid, initial_arrays, num_rounds=3, timeout=3600, train_config=None, evaluate_config=None, evaluate_fn=None):
+        self.sent_statistics = []
+        arrays = initial_arrays
+        for server_round in range(1, num_rounds + 1):
+            messages_ = list(self.configure_train(server_round, arrays, train_config or ConfigRecord(), grid))
+            self.sent_statistics.append({k: v.numpy() for k, v in messages_[0].content.array_records["arrays"].items()
+                                         if k.startswith("pfedfda:")})
+            returned, _ = self.aggregate_train(server_round, grid.send_and_receive(messages_, timeout=timeout))
+            arrays = ArrayRecord({k: Array(v.numpy().copy()) for k, v in returned.items()})
+        return arrays
+
+
+def test_a_loop_that_hands_back_a_copy_keeps_the_aggregated_statistics():
+    """pFedFDA's statistics have no place in the user's record: a copy handed back takes them
+    from the round before (the aggregate), not from a node's initial arrays."""
+    strategy = CopyingLoop(num_clients=3, num_rounds=2)
+    strategy.start(InProcessGrid(app_for(PFedFDAClient), 3, {}), whole(), num_rounds=2, timeout=60)  # type: ignore[arg-type]
+    first, second = strategy.sent_statistics
+    assert first.keys() == second.keys() and first
+    assert any(not np.array_equal(first[k], second[k]) for k in first)  # round 2 sent round 1's aggregate
