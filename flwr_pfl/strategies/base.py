@@ -488,7 +488,8 @@ class PFLStrategy(FedAvg):
             raise NumRoundsRequired(
                 f"{type(self).__name__}: {what} needs the run's total number of rounds, which Flower's legacy "
                 f"strategies are never told: pass num_rounds=<the rounds of your ServerConfig>, or {alternative} "
-                "(the Message API's start() tells the rounds itself)"
+                "(the Message API's start() tells the rounds itself; a subclass whose own start() runs the round "
+                "loop must pass num_rounds)"
             )
 
     def run_round(self, server_round: int) -> int:

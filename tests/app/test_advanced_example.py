@@ -1,7 +1,7 @@
 """examples/advanced_pytorch: Flower's advanced-pytorch example (a subclassed strategy running its
 own round loop, server-side evaluation that loads the arrays into the user's ``Net``, an ``lr``
-schedule, best-model saving, results.json) switched to FedRep, pFedFDA and FedPer, run
-in-process for each; slow: one run under ``flwr run``."""
+schedule, best-model saving, results.json, W&B behind ``use-wandb``) switched to FedRep, pFedFDA
+and FedPer, run in-process for each; slow: one run under ``flwr run``."""
 
 from __future__ import annotations
 

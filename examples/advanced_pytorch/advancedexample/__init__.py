@@ -1,0 +1,1 @@
+"""Flower's advanced-pytorch example switched to flwr_pfl algorithms."""
