@@ -6,7 +6,6 @@ and FedPer, run in-process for each; slow: one run under ``flwr run``."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -15,8 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from app.test_examples import load_example
-from flwr_pfl.app import launch
+from app.test_examples import flwr_run_example, load_example
 from flwr_pfl.app.inprocess import run_inprocess
 from flwr_pfl.training import load_arrays, loops
 
@@ -141,18 +139,10 @@ def test_the_advanced_example_logs_to_wandb_only_when_asked(example, monkeypatch
 @pytest.mark.slow
 def test_the_advanced_example_runs_under_flwr_run(monkeypatch, tmp_path, data_dir):
     """``flwr run`` on the example's directory (Flower's default federation), FedRep."""
-    flwr = launch.flwr_executable()
-    env = launch.flwr_env(tmp_path / "flwr-home", 39611, flwr)
     final = tmp_path / "final_model.pt"
     pairs = (f"algorithm='fedrep' num-server-rounds=2 max-samples=600 central-samples=200 data-dir='{data_dir}' "
              f"outputs-dir='{tmp_path / 'outputs'}' final-model='{final}'")
-    try:
-        result = subprocess.run([str(flwr), "run", ".", "--stream", "--run-config", pairs],
-                                cwd=EXAMPLE, env=env, capture_output=True, text=True, timeout=600)
-        status = launch.last_run_status(env, flwr)
-    finally:
-        launch.stop_superlink(tmp_path / "flwr-home")
-    assert result.returncode == 0 and status == "finished:completed", (status, result.stdout[-3000:] + result.stderr[-3000:])
+    flwr_run_example(EXAMPLE, pairs, tmp_path, 39611)
     load_example(monkeypatch, EXAMPLE, "advancedexample", data_dir)
     saved = torch.load(final, weights_only=True)
     net = initial_net()

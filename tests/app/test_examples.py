@@ -58,16 +58,23 @@ def test_the_quickstart_runs_each_algorithm_and_personalizes(example, monkeypatc
             assert len(context.state.keys()) > 0
 
 
-@pytest.mark.slow
-def test_the_quickstart_runs_under_flwr_run(tmp_path, data_dir):
-    """``flwr run`` on the example's directory (Flower's default federation: 2 SuperNodes)."""
+def flwr_run_example(directory: Path, pairs: str, tmp_path: Path, port: int) -> None:
+    """``flwr run`` on an example's directory (Flower's default federation) with the run config
+    ``pairs``, on a private SuperLink at ``port`` (stopped afterwards); asserted to end
+    ``finished:completed`` (``flwr run`` itself exits 0 either way)."""
     flwr = launch.flwr_executable()
-    env = launch.flwr_env(tmp_path / "flwr-home", 39593, flwr)
-    pairs = f"algorithm='pfedfda' num-clients=2 num-server-rounds=2 max-samples=600 data-dir='{data_dir}'"
+    env = launch.flwr_env(tmp_path / "flwr-home", port, flwr)
     try:
         result = subprocess.run([str(flwr), "run", ".", "--stream", "--run-config", pairs],
-                                cwd=EXAMPLE, env=env, capture_output=True, text=True, timeout=600)
+                                cwd=directory, env=env, capture_output=True, text=True, timeout=600)
         status = launch.last_run_status(env, flwr)
     finally:
         launch.stop_superlink(tmp_path / "flwr-home")
     assert result.returncode == 0 and status == "finished:completed", (status, result.stdout[-3000:] + result.stderr[-3000:])
+
+
+@pytest.mark.slow
+def test_the_quickstart_runs_under_flwr_run(tmp_path, data_dir):
+    """``flwr run`` on the example's directory (Flower's default federation: 2 SuperNodes)."""
+    pairs = f"algorithm='pfedfda' num-clients=2 num-server-rounds=2 max-samples=600 data-dir='{data_dir}'"
+    flwr_run_example(EXAMPLE, pairs, tmp_path, 39593)

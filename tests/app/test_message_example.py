@@ -4,15 +4,13 @@ run in-process for each; slow: one run under ``flwr run``."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from app.test_examples import load_example
-from flwr_pfl.app import launch
+from app.test_examples import flwr_run_example, load_example
 from flwr_pfl.app.inprocess import run_inprocess
 from flwr_pfl.strategies.base import PFLStrategy
 from flwr_pfl.training import load_arrays
@@ -54,15 +52,7 @@ def test_the_message_quickstart_runs_each_algorithm_and_personalizes(example, mo
 @pytest.mark.slow
 def test_the_message_quickstart_runs_under_flwr_run(tmp_path, data_dir):
     """``flwr run`` on the example's directory (Flower's default federation)."""
-    flwr = launch.flwr_executable()
-    env = launch.flwr_env(tmp_path / "flwr-home", 39597, flwr)
     final = tmp_path / "final_model.pt"
     pairs = f"algorithm='fedrep' num-server-rounds=2 max-samples=600 data-dir='{data_dir}' final-model='{final}'"
-    try:
-        result = subprocess.run([str(flwr), "run", ".", "--stream", "--run-config", pairs],
-                                cwd=EXAMPLE, env=env, capture_output=True, text=True, timeout=600)
-        status = launch.last_run_status(env, flwr)
-    finally:
-        launch.stop_superlink(tmp_path / "flwr-home")
-    assert result.returncode == 0 and status == "finished:completed", (status, result.stdout[-3000:] + result.stderr[-3000:])
+    flwr_run_example(EXAMPLE, pairs, tmp_path, 39597)
     assert list(torch.load(final, weights_only=True)) == WHOLE
