@@ -32,6 +32,6 @@ def test_the_launcher_names_a_bad_key_then_submits_and_follows_a_good_run(fleet,
 
     out = tmp_path / "out"
     done = launch(f"algorithm='fedavg' dataset='fashion-mnist' data-dir='{data_dir}' max-samples=300 model='mlp' "
-                  f"num-clients=3 num-server-rounds=2 round-timeout=120.0 output-dir='{out}' run-name='run'")
+                  f"num-clients=3 num-server-rounds=1 round-timeout=120.0 output-dir='{out}' run-name='run'")
     assert done.returncode == 0 and "run status: finished:completed" in done.stdout, (done.stdout[-3000:], done.stderr[-3000:])
-    assert [r["round"] for r in json.loads((out / "run" / "metrics.json").read_text()) if r["phase"] == "evaluate"] == [1, 2]
+    assert [r["round"] for r in json.loads((out / "run" / "metrics.json").read_text()) if r["phase"] == "evaluate"] == [1]
