@@ -187,18 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     config = default_run_config(overrides, app)
     supernodes = federation_size(int(config["num-clients"]), args.num_supernodes)
     federation = f"num-supernodes={supernodes} client-resources-num-cpus={args.cpus} client-resources-num-gpus={args.gpus}"
-    # the app the installed package carries is its pyproject.toml alone (the code is the installed
-    # package): staged without the checkout's FAB patterns; a checkout is staged whole
-    bundled = app.resolve() == BUNDLED_APP.resolve()
-    if args.no_stage:
-        run_dir = app
-    else:
-        run_dir = stage_bundled_app(app, flwr_home / "app") if bundled else stage_app(app, flwr_home / "app")
-    command = [str(flwr), "run", str(run_dir), "--stream", "--federation-config", federation]
-    if overrides:
-        fused = flwr_home / "run-config.toml"
-        fused.write_text(to_toml(overrides))
-        command += ["--run-config", str(fused)]
+    command = flwr_run_command(flwr, app, overrides, flwr_home / "app", flwr_home / "run-config.toml", args.no_stage,
+                               "--stream", "--federation-config", federation)
     print(f"$ {' '.join(command)}", flush=True)
     try:
         # From the caller's directory: the SuperLink (and so the ServerApp) resolves relative
@@ -210,6 +200,24 @@ def main(argv: list[str] | None = None) -> int:
             stop_superlink(flwr_home)
     print(f"run status: {status}", flush=True)
     return 0 if status == "finished:completed" else 1
+
+
+def flwr_run_command(flwr: Path, app: Path, overrides: dict, stage_dir: Path, config_file: Path, no_stage: bool,
+                     *options: str) -> list[str]:
+    """``flwr run <app> <options> [--run-config <config_file>]``: ``app`` staged into
+    ``stage_dir`` (unless ``no_stage``) and ``overrides`` written to ``config_file``. The app the
+    installed package carries is its pyproject.toml alone (the code is the installed package):
+    staged without the checkout's FAB patterns; a checkout is staged whole."""
+    if no_stage:
+        run_dir = app
+    else:
+        stage = stage_bundled_app if app.resolve() == BUNDLED_APP.resolve() else stage_app
+        run_dir = stage(app, stage_dir)
+    command = [str(flwr), "run", str(run_dir), *options]
+    if overrides:
+        config_file.write_text(to_toml(overrides))
+        command += ["--run-config", str(config_file)]
+    return command
 
 
 def checked_run_config(overrides: dict, app: Path) -> dict:
@@ -250,13 +258,8 @@ def submit(args: argparse.Namespace) -> int:
         env["FLWR_HOME"] = str(args.flwr_home.resolve())
     home = Path(env.get("FLWR_HOME", Path.home() / ".flwr"))
     home.mkdir(parents=True, exist_ok=True)
-    bundled = app.resolve() == BUNDLED_APP.resolve()
-    run_dir = app if args.no_stage else (stage_bundled_app if bundled else stage_app)(app, home / "flwr-pfl-app")
-    command = [str(flwr), "run", str(run_dir), args.federation, "--stream"]
-    if overrides:
-        fused = home / "flwr-pfl-run-config.toml"
-        fused.write_text(to_toml(overrides))
-        command += ["--run-config", str(fused)]
+    command = flwr_run_command(flwr, app, overrides, home / "flwr-pfl-app", home / "flwr-pfl-run-config.toml",
+                               args.no_stage, args.federation, "--stream")
     print(f"$ {' '.join(command)}", flush=True)
     code = subprocess.run(command, env=env).returncode
     status = last_run_status(env, flwr, args.federation) if code == 0 else f"flwr run exited with {code}"
