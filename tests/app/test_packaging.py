@@ -181,7 +181,7 @@ def test_the_installed_compare_and_launcher_run_from_any_directory(installed, tm
 
     result = subprocess.run(
         [python, "-m", "flwr_pfl.app.launch", "-c", "tiny", "-c", f"{data} output-dir='outputs' run-name='launched'",
-         "--flwr-home", str(tmp_path / "flwr-home"), "--port", "39491"],
+         "--flwr-home", str(tmp_path / "flwr-home"), "--port", "39497"],
         cwd=tmp_path, env=_installed_env(), capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
