@@ -341,7 +341,7 @@ def write_summary() -> str:
         "Regenerate a row with `.venv/bin/python scripts/mutation_tool.py --module <path>` (resumable; a",
         "rerun re-tests only changed functions), the modules a change touched with `--changed`, and",
         "everything with `--all` (hours on 2 cores: it stays out of CI). Per-module details, with every",
-        "survivor's diff, are in [tool/](tool/).",
+        "survivor's diff, are in `docs/mutation/tool/`.",
         "",
         "| module | mutants | killed | time-out | equivalent | survived | score | s | run |",
         "|---|---|---|---|---|---|---|---|---|",

@@ -154,8 +154,11 @@ class RunConfig:
             under ``<run>/tensorboard``), ``mlflow`` (``MLFLOW_TRACKING_URI``, default a local
             store ``<run>/mlflow.db``); "" = none (:mod:`flwr_pfl.app.tracking`). Needs the
             ``tracking`` extra on the server's host.
-        The last five bound what one bad client can do (:class:`~flwr_pfl.strategies.base.PFLStrategy`);
-        clipping and trimmed-mean apply to FedAvg, finetune, FedRep and FedPer only.
+
+    ``clip_update_norm``, ``max_examples``, ``aggregate``, ``trim_fraction`` and
+    ``outlier_norm_ratio`` bound what one bad client can do
+    (:class:`~flwr_pfl.strategies.base.PFLStrategy`); clipping and trimmed-mean apply to FedAvg,
+    finetune, FedRep and FedPer only.
     """
 
     algorithm: str = "fedavg"

@@ -34,8 +34,9 @@ def test_the_required_dependencies_are_the_nodes_and_everything_else_is_an_extra
     assert names(extras["simulation"]) == {"flwr"} and "simulation" in extras["simulation"][0]
     assert names(extras["datasets"]) == {"flwr-datasets"} and names(extras["plots"]) == {"matplotlib"}
     assert extras["all"] == ["flwr_pfl[simulation,datasets,plots,tracking,privacy]"]
-    assert "flwr_pfl[all]" in extras["test"]  # what scripts/setup.sh installs for the README's commands
-    assert set(extras) >= {"simulation", "datasets", "plots", "tracking", "privacy", "all", "test"}
+    # what scripts/setup.sh installs for the README's commands: everything, and the site's builder
+    assert "flwr_pfl[all,docs]" in extras["test"] and names(extras["docs"]) == {"mkdocs", "mkdocs-material", "mkdocstrings"}
+    assert set(extras) >= {"simulation", "datasets", "plots", "tracking", "privacy", "all", "docs", "test"}
 
 
 #: the extras' modules made absent: ``None`` in ``sys.modules`` makes ``import`` raise

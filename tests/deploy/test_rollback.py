@@ -33,7 +33,7 @@ def test_a_server_killed_after_the_nodes_trained_a_round_resumes_to_the_uninterr
     state_dirs = {i: tmp_path / f"node-{i}" for i in range(3)}
     fleet.node_config = lambda i: f"state-dir='{state_dirs[i]}'"
     fleet.start_superlink()
-    for i in range(3):  # under a supervisor that restarts always: nodes exit after a SuperLink restart (README)
+    for i in range(3):  # under a supervisor that restarts always: nodes exit after a SuperLink restart (docs/deployment.md)
         node = " ".join(shlex.quote(a) for a in fleet.supernode_args(i))
         fleet.start(f"supernode-{i}", ["bash", "-c", f"while true; do {node}; sleep 1; done"])
     fleet.write_federation()

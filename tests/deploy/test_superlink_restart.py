@@ -4,7 +4,7 @@ After the SuperLink goes away, Flower 1.42's SuperNodes exit with status 0 ("ter
 gracefully"), so a supervisor that restarts only on failure (systemd's ``Restart=on-failure``)
 leaves them down. Each node here runs under the smallest supervisor that restarts always (a
 shell loop, as systemd's ``Restart=always`` or a container's ``restart: unless-stopped`` do;
-README, *Nodes under a supervisor*). The SuperLink is killed after round 1 and started again on
+docs/deployment.md, *Nodes under a supervisor*). The SuperLink is killed after round 1 and started again on
 its port; the nodes come back by themselves, and the run, submitted again with ``resume=true``,
 completes from its checkpoint with all three partitions.
 """

@@ -1,8 +1,9 @@
-"""The loopback deployment over TLS with SuperNode authentication, from README's commands.
+"""The loopback deployment over TLS with SuperNode authentication, from the deployment guide's commands
+(docs/deployment.md).
 
-The certificates and keys come from README's TLS block (run as written), the `flwr` entry from
+The certificates and keys come from the guide's TLS block (run as written), the `flwr` entry from
 that section's `cat >> config.toml` (ports substituted), and every flag the test gives
-`flower-superlink` / `flower-supernode` must appear in README's TLS commands. Two registered
+`flower-superlink` / `flower-supernode` must appear in the guide's TLS commands. Two registered
 SuperNodes finish a run; a node with an unregistered key, one without a key and one that does
 not trust the CA are refused and exit.
 """
@@ -19,28 +20,25 @@ import pytest
 
 from flwr.cli.flower_config import parse_superlink_connection
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-README_PORT = "39100"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "deployment.md"
+GUIDE_PORT = "39100"
 
 
 def deployment_blocks() -> list[str]:
-    """The ```bash blocks of README's "## Deployment" section."""
-    text = README.read_text()
-    section = text[text.index("## Deployment"):]
-    section = section[:section.index("\n## ", 1)]
-    return re.findall(r"```bash\n(.*?)```", section, re.S)
+    """The ```bash blocks of the deployment guide (docs/deployment.md)."""
+    return re.findall(r"```bash\n(.*?)```", GUIDE.read_text(), re.S)
 
 
 def block_with(needle: str) -> str:
     blocks = [b for b in deployment_blocks() if needle in b]
-    assert len(blocks) == 1, f"expected one README Deployment block with {needle!r}, found {len(blocks)}"
+    assert len(blocks) == 1, f"expected one docs/deployment.md block with {needle!r}, found {len(blocks)}"
     return blocks[0]
 
 
 def config_append(block: str) -> str:
     """The block's `mkdir -p ... cat >> .../config.toml <<TOML ... TOML` lines."""
     match = re.search(r'^mkdir -p "\$\{FLWR_HOME.*?^TOML\n', block, re.S | re.M)
-    assert match, "README block has no `cat >> $FLWR_HOME/config.toml` heredoc"
+    assert match, "docs/deployment.md block has no `cat >> $FLWR_HOME/config.toml` heredoc"
     return match.group(0)
 
 
@@ -51,7 +49,7 @@ def run_bash(script: str, cwd: Path, env: dict[str, str]) -> None:
 
 @pytest.mark.parametrize("existing", [False, True], ids=["no-config", "flwr-default-config"])
 @pytest.mark.parametrize("needle,name", [("# 1. the SuperLink: one HTTP port", "fleet"), ("--enable-supernode-auth", "fleet-tls")])
-def test_readme_config_entries_parse_with_and_without_flowers_default_file(make_fleet, tmp_path, existing, needle, name):
+def test_guide_config_entries_parse_with_and_without_flowers_default_file(make_fleet, tmp_path, existing, needle, name):
     fleet = make_fleet()
     if existing:  # any flwr command writes Flower's default config.toml first
         listed = fleet.flwr("config", "list", "--format", "json")
@@ -90,14 +88,14 @@ def test_tls_with_supernode_authentication_runs_registered_nodes_and_refuses_the
     ]
     fleet.supernode_security = ["--root-certificates", str(certs / "ca.crt")]
     key_flag = "--auth-supernode-private-key"
-    readme_tls = block_with("--enable-supernode-auth")
+    guide_tls = block_with("--enable-supernode-auth")
     for flag in [*fleet.superlink_security, *fleet.supernode_security, key_flag, "flwr supernode register"]:
         if flag.startswith("--") or flag.startswith("flwr"):
-            assert flag in readme_tls, f"README's TLS commands lack {flag}"
-    assert "--insecure" not in readme_tls
+            assert flag in guide_tls, f"docs/deployment.md's TLS commands lack {flag}"
+    assert "--insecure" not in guide_tls
 
     fleet.start_superlink()
-    run_bash(config_append(readme_tls).replace(README_PORT, str(fleet.superlink_port)), pki, fleet.env)
+    run_bash(config_append(guide_tls).replace(GUIDE_PORT, str(fleet.superlink_port)), pki, fleet.env)
     node_ids = []
     for i in (0, 1):
         registered = fleet.flwr("supernode", "register", str(keys / f"supernode-{i}.pub"), "fleet-tls", "--format", "json")
