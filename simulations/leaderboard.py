@@ -31,7 +31,9 @@ is at the edge of the grid says so: its best rate may lie outside it.
 
 Every finished run is recorded in ``<out>/leaderboard.json`` as soon as it ends; a rerun skips
 the runs recorded there with the same configuration (``--force`` runs them again), so the sweep
-can be stopped and resumed. Writes ``<out>/leaderboard.json`` and the page ``<page>`` (defaults
+can be stopped and resumed; ``--report-only`` runs nothing and rewrites the page from the runs
+recorded, for the grid the other options select (a partial sweep's page says how many of the
+grid's runs are done and, per row, which factors are not). Writes ``<out>/leaderboard.json`` and the page ``<page>`` (defaults
 ``docs/benchmark/leaderboard`` and ``docs/leaderboard.md``; with ``--quick``, under
 ``docs/benchmark/leaderboard/quick`` and no page unless ``--page`` is given).
 """
@@ -110,11 +112,21 @@ def row(report: dict[str, Any], setting: str, algorithm: str, factors: list[floa
             "seconds_per_round": float(np.nanmean([r["seconds_per_round"] for r in runs if r])) if any(runs) else float("nan"),
             "lost_clients": float(sum(r.get(k, 0.0) for r in runs if r for k in ("num_failures", "num_rejected", "num_dropped"))),
             "errors": [r["error"] for r in runs if r and "error" in r],
+            "runs": sum(r is not None for r in runs),
         }
     scored = {f: v for f, v in per_factor.items() if not math.isnan(v["mean"])}
     best = max(scored, key=lambda f: scored[f]["mean"]) if scored else None
     edge = best is not None and len(factors) > 1 and best in (min(factors), max(factors))
     return {"setting": setting, "algorithm": algorithm, "per_factor": per_factor, "best_factor": best, "at_edge": edge}
+
+
+def progress(report: dict[str, Any]) -> tuple[int, int]:
+    """Runs recorded for the page's grid, and the grid's size (settings x algorithms x factors x seeds)."""
+    grid = report.get("grid") or {"settings": list(report["settings"]),
+                                  "algorithms": sorted({r["algorithm"] for r in report["rows"].values()})}
+    keys = [run_key(s, a, f, seed) for s in grid["settings"] for a in grid["algorithms"]
+            for f in report["factors"] for seed in report["seeds"]]
+    return sum(k in report["runs"] for k in keys), len(keys)
 
 
 def fmt(value: float | None, spec: str = ".3f") -> str:
@@ -138,6 +150,13 @@ def markdown(report: dict[str, Any]) -> str:
         "lost clients (failed, rejected or dropped replies) or errors are marked.",
         "",
     ]
+    done, expected = progress(report)
+    if done < expected:
+        seconds = [r["seconds"] for r in report["runs"].values() if "seconds" in r]
+        left = f" (about {np.mean(seconds) * (expected - done) / 3600:.0f} hours of CPU left at the mean run time so far)" if seconds else ""
+        lines += [f"**Status: {done} of the grid's {expected} runs are done**{left}, so the page is provisional: a row "
+                  "is ranked on the factors whose seeds have all run (`not run` names the others), and a "
+                  "row without one is not ranked. The command above resumes the sweep where it stopped.", ""]
     for setting, info in report["settings"].items():
         rows = sorted((r for r in report["rows"].values() if r["setting"] == setting),
                       key=lambda r: -(r["per_factor"][r["best_factor"]]["mean"] if r["best_factor"] is not None else -1))
@@ -147,10 +166,13 @@ def markdown(report: dict[str, Any]) -> str:
         for rank, r in enumerate(rows, 1):
             best = r["best_factor"]
             cell = r["per_factor"].get(best, {}) if best is not None else {}
-            every = ", ".join(f"x{f:g}: {fmt(v['mean'])}" for f, v in sorted(r["per_factor"].items()))
+            every = ", ".join(f"x{f:g}: {fmt(v['mean']) or '—'}" for f, v in sorted(r["per_factor"].items()))
             notes = []
             if r["at_edge"]:
                 notes.append("edge")
+            missing = [f for f, v in sorted(r["per_factor"].items()) if v["runs"] < len(seeds)]
+            if missing:
+                notes.append("not run: " + ", ".join(f"x{f:g} ({r['per_factor'][f]['runs']} of {len(seeds)} seeds)" for f in missing))
             if any(v["lost_clients"] for v in r["per_factor"].values()):
                 notes.append("lost clients")
             errors = [e for v in r["per_factor"].values() for e in v["errors"]]
@@ -178,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="default: docs/benchmark/leaderboard[/quick]")
     parser.add_argument("--page", type=Path, default=None, help="default: docs/leaderboard.md (none with --quick)")
     parser.add_argument("--force", action="store_true", help="run the selected runs again")
+    parser.add_argument("--report-only", action="store_true",
+                        help="run nothing: rewrite the page from the runs recorded, for the grid selected")
     args = parser.parse_args(argv)
 
     settings = QUICK["settings"] if args.quick else SETTINGS
@@ -203,16 +227,19 @@ def main(argv: list[str] | None = None) -> int:
     path = out / "leaderboard.json"
     previous = json.loads(path.read_text()) if path.exists() else {}
     report: dict[str, Any] = {
-        "command": "python simulations/leaderboard.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python simulations/leaderboard.py " + " ".join(
+            a for a in (sys.argv[1:] if argv is None else argv) if a != "--report-only"),
         "rule": f"final-round {KEY}; best learning-rate factor by mean over seeds; mean ± population std",
         "seeds": seeds, "factors": factors, "rounds": rounds,
         "settings": dict(previous.get("settings", {})), "runs": dict(previous.get("runs", {})), "rows": {},
+        "grid": {"settings": chosen, "algorithms": algorithms},
         "extra": dict(previous.get("extra", {})),
     }
 
     def save() -> None:
         out.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(portable(report), indent=1, default=str))
+        if not args.report_only:  # the runs' record is the sweep's; a page rewrite leaves it alone
+            path.write_text(json.dumps(portable(report), indent=1, default=str))
         if page is not None:
             page.write_text(markdown(report))
 
@@ -225,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             extra, note = extra_config(algorithm, base)
             if extra:
                 report["extra"][algorithm] = ", ".join(f"{k} = {v}" for k, v in extra.items()) + (f" ({note})" if note else "")
-            for factor in factors:
+            for factor in [] if args.report_only else factors:
                 config = {**base, **extra, "learning-rate": float(base["learning-rate"]) * factor}
                 configs = run_configs(config, [algorithm], seeds, out / setting / f"x{factor:g}")[algorithm]
                 for seed, run_config in zip(seeds, configs):

@@ -54,3 +54,21 @@ def test_the_page_ranks_rows_by_their_best_mean_and_states_the_rule():
     assert "final round" in page and "never its best round" in page and "grid x1" in page
     table = [line for line in page.splitlines() if line.startswith("| 1 ") or line.startswith("| 2 ")]
     assert table[0].startswith("| 1 | high | 0.700 ± 0.000 | x1 | 0.50 |") and table[1].startswith("| 2 | low | 0.300")
+
+
+def test_a_partial_sweep_says_how_much_is_done_and_what_each_row_lacks():
+    runs = {("a", 1.0, s): run(0.7) for s in range(3)} | {("a", 2.0, 0): run(0.9)}
+    runs |= {("b", 1.0, 0): run(0.8)}
+    report = report_with(runs)
+    report["grid"] = {"settings": ["s"], "algorithms": ["a", "b"]}
+    report["rows"] = {f"s/{a}": lb.row(report, "s", a, [0.5, 1.0, 2.0], [0, 1, 2]) for a in ("a", "b")}
+    assert lb.progress(report) == (5, 18)
+    page = lb.markdown(report)
+    assert "Status: 5 of the grid's 18 runs are done" in page
+    row_a = next(line for line in page.splitlines() if line.startswith("| 1 | a |"))
+    assert "0.700 ± 0.000 | x1 |" in row_a and "not run: x0.5 (0 of 3 seeds), x2 (1 of 3 seeds)" in row_a
+    row_b = next(line for line in page.splitlines() if "| b |" in line)
+    assert row_b.startswith("| — | b |") and "x1 (1 of 3 seeds)" in row_b  # no complete factor: not ranked
+    report["runs"] |= {lb.run_key("s", a, f, s): run(0.5) for a in ("a", "b") for f in (0.5, 1.0, 2.0) for s in range(3)}
+    report["rows"] = {f"s/{a}": lb.row(report, "s", a, [0.5, 1.0, 2.0], [0, 1, 2]) for a in ("a", "b")}
+    assert lb.progress(report) == (18, 18) and "Status" not in lb.markdown(report)
