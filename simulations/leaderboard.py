@@ -227,8 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     path = out / "leaderboard.json"
     previous = json.loads(path.read_text()) if path.exists() else {}
     report: dict[str, Any] = {
-        "command": "python simulations/leaderboard.py " + " ".join(
-            a for a in (sys.argv[1:] if argv is None else argv) if a != "--report-only"),
+        "command": " ".join(["python simulations/leaderboard.py",
+                             *(a for a in (sys.argv[1:] if argv is None else argv) if a != "--report-only")]),
         "rule": f"final-round {KEY}; best learning-rate factor by mean over seeds; mean ± population std",
         "seeds": seeds, "factors": factors, "rounds": rounds,
         "settings": dict(previous.get("settings", {})), "runs": dict(previous.get("runs", {})), "rows": {},
