@@ -87,14 +87,15 @@ def base_config(table: Table, scale: str, column, method) -> dict[str, Any]:
 
 
 def plan(table: Table, scale: str, seeds: list[int], results: Path, methods: list[str] | None = None,
-         columns: list[str] | None = None, lr_factors: list[float] | None = None) -> list[Run]:
+         columns: list[str] | None = None, lr_factors: list[float] | None = None, tracking: str = "") -> list[Run]:
     """Every run of the table (of ``methods`` and ``columns`` only, when given), its
     configuration checked by the app before anything runs.
 
     With ``lr_factors``, every method also runs with its learning rate (``learning-rate``, the
     run key every other rate of the suite is a ratio of) times each factor: a learning-rate
     sweep that gives every row, the reference included, the same tuning effort. Factor 1 is the
-    table's own run (the same result file).
+    table's own run (the same result file). ``tracking`` (the run key) sends every run to those
+    experiment-tracking backends; it changes no result, so finished runs are not run again.
 
     Raises:
         flwr_pfl.errors.ConfigError: a method's configuration does not parse or its strategy
@@ -127,7 +128,7 @@ def plan(table: Table, scale: str, seeds: list[int], results: Path, methods: lis
             for factor in factors:
                 name = slug(method.label) + ("" if factor == 1.0 else f"_lr-x{factor:g}")
                 out = results / table.name / scale / slug(column.name) / name
-                swept = base | {"learning-rate": base["learning-rate"] * factor}
+                swept = base | {"learning-rate": base["learning-rate"] * factor} | ({"tracking": tracking} if tracking else {})
                 configs = run_configs(swept, [method.algorithm], seeds, out)[method.algorithm]
                 for seed, config in zip(seeds, configs):
                     runs.append(Run(column.name, method.label, seed, config, out.parent / f"{name}-s{seed}.json", factor))
@@ -135,9 +136,9 @@ def plan(table: Table, scale: str, seeds: list[int], results: Path, methods: lis
     return sorted(runs, key=lambda r: seeds.index(r.seed))
 
 
-#: where a run writes its files is not part of what it computes: results stay valid when the
-#: checkout or a column's folder moves
-LOCATION_KEYS = ("output-dir",)
+#: where a run writes its files, and what tracks it, are not part of what it computes: results stay
+#: valid when the checkout or a column's folder moves, and when a run is watched by a tracker
+LOCATION_KEYS = ("output-dir", "tracking")
 
 
 def _comparable(config: dict[str, Any]) -> dict[str, Any]:
@@ -349,6 +350,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--results", type=Path, default=DOCS / "results", help="one JSON per finished run")
     parser.add_argument("--docs", type=Path, default=DOCS, help="where the pages go")
     parser.add_argument("--report-only", action="store_true", help="write the page from the finished runs; run nothing")
+    parser.add_argument("--tracking", default="", help="experiment tracking of every run: tensorboard, mlflow, wandb "
+                        "(comma-separated; run key tracking); changes no result")
     parser.add_argument("--list", action="store_true", help="list the tables and their scales")
     args = parser.parse_args(argv)
     if args.list or args.table is None:
@@ -363,7 +366,8 @@ def main(argv: list[str] | None = None) -> None:
     from flwr_pfl.errors import ConfigError
 
     try:
-        runs = plan(table, args.scale, seeds, args.results.resolve(), args.methods, args.columns, args.lr_factors)
+        runs = plan(table, args.scale, seeds, args.results.resolve(), args.methods, args.columns, args.lr_factors,
+                    tracking=args.tracking)
     except ConfigError as err:
         raise SystemExit(f"table {table.name}, scale {args.scale}: {err}") from err
     if args.report_only:

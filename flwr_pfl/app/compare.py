@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reuse", action="store_true",
                         help="read runs that already finished with the same config instead of running them again")
     parser.add_argument("--tracking", default="",
-                        help="experiment tracking of every run: tensorboard, mlflow (comma-separated; run key tracking); "
+                        help="experiment tracking of every run: tensorboard, mlflow, wandb (comma-separated; run key tracking); "
                              "`tensorboard --logdir <out>/runs` shows the runs side by side")
     args = parser.parse_args(argv)
     logging.getLogger("flwr").setLevel(logging.WARNING)

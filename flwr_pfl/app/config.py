@@ -151,7 +151,8 @@ class RunConfig:
             ``secagg_max_weight`` are the protocol's settings
             (:class:`~flwr_pfl.app.secagg.SecureAggregation`).
         tracking: experiment-tracking backends, comma-separated: ``tensorboard`` (event files
-            under ``<run>/tensorboard``), ``mlflow`` (``MLFLOW_TRACKING_URI``, default a local
+            under ``<run>/tensorboard``), ``wandb`` (a Weights & Biases run under ``<run>/wandb``,
+            offline unless ``WANDB_MODE`` or ``WANDB_API_KEY`` says online), ``mlflow`` (``MLFLOW_TRACKING_URI``, default a local
             store ``<run>/mlflow.db``); "" = none (:mod:`flwr_pfl.app.tracking`). Needs the
             ``tracking`` extra on the server's host.
 

@@ -1,21 +1,25 @@
 """Experiment tracking: a run's rounds, per-client figures, resolved config and final plots sent
-to TensorBoard or MLflow, and a progress line with an ETA, all fed by the one results writer
+to TensorBoard, MLflow or Weights & Biases, and a progress line with an ETA, all fed by the one results writer
 (:class:`~flwr_pfl.app.results.ResultsWriter` calls the trackers where it records; nothing is
 recorded twice).
 
 Run key ``tracking``: a comma-separated list of ``tensorboard`` (event files under
-``<run>/tensorboard``, read by ``tensorboard --logdir``) and ``mlflow`` (a run in the MLflow
-tracking store of ``MLFLOW_TRACKING_URI``, by default a local SQLite store ``<run>/mlflow.db``),
-"" for none. Each backend is an extra (``pip install "flwr_pfl[tracking]"``); asking for one
+``<run>/tensorboard``, read by ``tensorboard --logdir``), ``mlflow`` (a run in the MLflow
+tracking store of ``MLFLOW_TRACKING_URI``, by default a local SQLite store ``<run>/mlflow.db``)
+and ``wandb`` (a Weights & Biases run under ``<run>/wandb``: offline, for ``wandb sync``, unless
+W&B is set to go online by ``WANDB_MODE`` or an ``WANDB_API_KEY``; project ``WANDB_PROJECT``,
+default ``flwr_pfl``), "" for none. Each backend is an extra (``pip install "flwr_pfl[tracking]"``); asking for one
 that is not installed is refused before training, naming the extra.
 
 What each backend receives:
 
-* the resolved configuration (TensorBoard: text ``config``; MLflow: parameters);
+* the resolved configuration (TensorBoard: text ``config``; MLflow: parameters; W&B: the run's
+  config);
 * every aggregated metric of every round, as scalars ``<phase>/<metric>`` at step = round
   (wall-clock figures, those with ``seconds`` in their name, under ``timing/<phase>/...``);
 * the per-client values of the round's numeric metrics (TensorBoard: a histogram
-  ``clients/<phase>/<metric>``; MLflow: ``clients.<phase>.<metric>.p<partition>``), so that the
+  ``clients/<phase>/<metric>``, W&B the same as a histogram; MLflow:
+  ``clients.<phase>.<metric>.p<partition>``), so that the
   spread over clients, which personalized FL is about, is visible beside the mean;
 * the final plots (``learning_curves.png``, ``domains.png``) as images / artifacts, and the
   run's status.
@@ -38,7 +42,7 @@ from flwr_pfl.errors import ConfigError
 LOGGER = logging.getLogger("flwr")
 
 #: tracking backends -> (the module it needs, the extra that installs it)
-BACKENDS = {"tensorboard": ("tensorboard", "tracking"), "mlflow": ("mlflow", "tracking")}
+BACKENDS = {"tensorboard": ("tensorboard", "tracking"), "mlflow": ("mlflow", "tracking"), "wandb": ("wandb", "tracking")}
 
 
 def parse_tracking(value: str, check_installed: bool = True) -> tuple[str, ...]:
@@ -163,12 +167,50 @@ class MLflowTracker:
         self.mlflow.end_run(status="FINISHED" if status == "completed" else "FAILED")
 
 
+class WandbTracker:
+    """One Weights & Biases run, its files under ``<run>/wandb``.
+
+    Offline unless W&B is set to go online: ``WANDB_MODE`` decides when set, else an API key in
+    ``WANDB_API_KEY`` means online and its absence offline, so a run on a host without a network
+    or an account records everything and never waits for a login prompt; ``wandb sync
+    <run>/wandb/offline-run-*`` uploads it later. W&B's capture of the process's console is off
+    (the ServerApp's log stays Flower's), and each run is a new W&B run (``compare`` runs many
+    in one process)."""
+
+    def __init__(self, run_dir: Path, run_name: str) -> None:
+        import wandb
+
+        self.wandb = wandb
+        mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "flwr_pfl"), name=run_name,
+                              dir=str(Path(run_dir).resolve()), mode=mode, reinit="create_new",
+                              settings=wandb.Settings(console="off", silent=True))
+        LOGGER.info("W&B run %s (%s) under %s", run_name, mode, Path(run_dir) / "wandb")
+
+    def log_config(self, config: Mapping[str, Any]) -> None:
+        self.run.config.update(dict(config), allow_val_change=True)
+
+    def log_round(self, server_round: int, phase: str, metrics: Mapping[str, float],
+                  clients: Mapping[int, Mapping[str, Any]]) -> None:
+        values: dict[str, Any] = {_tag(phase, k): float(v) for k, v in metrics.items() if _numeric(v)}
+        for key, per in _per_client(clients).items():
+            values[f"clients/{phase}/{key}"] = self.wandb.Histogram(list(per.values()))
+        self.run.log(values, step=server_round)
+
+    def log_images(self, paths: Sequence[Path]) -> None:
+        if paths:
+            self.run.log({f"plots/{path.stem}": self.wandb.Image(str(path)) for path in paths})
+
+    def close(self, status: str) -> None:
+        self.run.summary["status"] = status
+        self.run.finish(exit_code=0 if status == "completed" else 1)
+
+
 def build_trackers(names: Sequence[str], run_dir: Path, run_name: str) -> list[Tracker]:
     """The trackers of ``names`` (from :func:`parse_tracking`) for one run."""
-    trackers: list[Tracker] = []
-    for name in names:
-        trackers.append(TensorBoardTracker(run_dir) if name == "tensorboard" else MLflowTracker(run_dir, run_name))
-    return trackers
+    build = {"tensorboard": lambda: TensorBoardTracker(run_dir), "mlflow": lambda: MLflowTracker(run_dir, run_name),
+             "wandb": lambda: WandbTracker(run_dir, run_name)}
+    return [build[name]() for name in names]
 
 
 class Progress:

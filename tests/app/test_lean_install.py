@@ -14,7 +14,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 #: the top-level modules only the extras install (and what they pull in: pandas, pyarrow)
-EXTRA_MODULES = ("ray", "flwr_datasets", "datasets", "pandas", "pyarrow", "matplotlib", "tensorboard", "mlflow",
+EXTRA_MODULES = ("ray", "flwr_datasets", "datasets", "pandas", "pyarrow", "matplotlib", "tensorboard", "mlflow", "wandb",
                  "dp_accounting")
 
 

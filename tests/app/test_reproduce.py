@@ -123,6 +123,24 @@ def test_a_moved_output_folder_does_not_invalidate_finished_runs(tmp_path):
     assert again.calls == []
 
 
+def test_tracking_a_table_tracks_every_run_and_keeps_its_finished_runs(tmp_path):
+    """``--tracking`` reaches every run's configuration (checked by the app like any key), and a
+    run that finished untracked is not run again for it: a tracker changes no result."""
+    table = TABLES["feddar-fig1"]
+    plain = R.plan(table, "quick", [0], tmp_path, methods=["FedDAR-SA"])
+    tracked = R.plan(table, "quick", [0], tmp_path, methods=["FedDAR-SA"], tracking="tensorboard")
+    assert [r.config["tracking"] for r in tracked] == ["tensorboard"] * len(plain)
+    assert all(r.config.get("tracking", "") == "" for r in plain)
+    R.run_all(plain, FakeRunner(), log=lambda _: None)
+    again = FakeRunner()
+    R.run_all(tracked, again, log=lambda _: None)
+    assert again.calls == []
+    from flwr_pfl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="tracking"):
+        R.plan(table, "quick", [0], tmp_path, methods=["FedDAR-SA"], tracking="visdom")
+
+
 def test_a_run_key_added_later_at_its_default_keeps_finished_runs(tmp_path):
     """A run stored before the app had ``aggregate`` stays finished while the key holds its
     default ("mean"); set to another value, the run is run again."""

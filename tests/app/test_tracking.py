@@ -1,5 +1,6 @@
-"""Experiment tracking: what a run records reaches TensorBoard and MLflow as the results writer
-recorded it (read back with each tool's own reader), bad or missing backends are refused before
+"""Experiment tracking: what a run records reaches TensorBoard, MLflow and Weights & Biases as the
+results writer recorded it (read back with each tool's own reader; W&B's offline transaction log
+with its own protobuf records), bad or missing backends are refused before
 training, and the progress line gives the round and an ETA."""
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from flwr_pfl.errors import ConfigError
 def test_backends_are_parsed_and_checked():
     assert parse_tracking("") == ()
     assert parse_tracking(" tensorboard, mlflow ,tensorboard") == ("tensorboard", "mlflow")
-    with pytest.raises(ConfigError, match=r"tracking='wandb': unknown backend\(s\) wandb; allowed: tensorboard, mlflow"):
-        parse_tracking("wandb")
+    assert parse_tracking("wandb,mlflow") == ("wandb", "mlflow")
+    with pytest.raises(ConfigError, match=r"tracking='visdom': unknown backend\(s\) visdom; allowed: tensorboard, mlflow, wandb"):
+        parse_tracking("visdom")
     with pytest.raises(ConfigError, match="unknown backend"):
         parse_experiment({"tracking": "tensorbored"})
 
@@ -47,8 +49,11 @@ def tracked_run(tmp_path_factory, blobs_dataset) -> Path:
     out = tmp_path_factory.mktemp("tracked")
     config = {"dataset": blobs_dataset, "model": "mlp", "num-clients": 3, "num-server-rounds": 2, "learning-rate": 0.1,
               "partitioner": "iid", "test-fraction": 0.25, "output-dir": str(out), "run-name": "run",
-              "tracking": "tensorboard,mlflow"}
-    run_inprocess(server_app, client_app, 3, config)
+              "tracking": "tensorboard,mlflow,wandb"}
+    with pytest.MonkeyPatch.context() as env:
+        env.delenv("WANDB_API_KEY", raising=False)  # no account here: W&B records offline
+        env.delenv("WANDB_MODE", raising=False)
+        run_inprocess(server_app, client_app, 3, config)
     return out / "run"
 
 
@@ -92,6 +97,81 @@ def test_mlflow_holds_the_config_the_metrics_per_round_and_per_client_and_the_pl
         assert latest.step == 2 and latest.value == pytest.approx(c["accuracy"])
     artifacts = [a.path for a in client.list_artifacts(run.info.run_id, "plots")]
     assert artifacts == ["plots/learning_curves.png"]
+
+
+def wandb_records(path: Path) -> list:
+    """The records of a W&B transaction log (``run-<id>.wandb``): a 7-byte header, then LevelDB's
+    log format (32 KiB blocks; each piece: checksum, little-endian length, type), each record a
+    ``wandb_internal_pb2.Record``."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", f"{path} is not a W&B transaction log"
+    block, header = 32768, 7
+    records, pos, pending = [], 7, b""
+    while pos + header <= len(data):
+        left = block - pos % block
+        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        if left < header or (length == 0 and kind == 0):  # the block's tail is padding
+            pos += left
+            continue
+        pending += data[pos + header:pos + header + length]
+        pos += header + length
+        if kind in (1, 4):  # a whole record, or the last piece of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+            pending = b""
+    return records
+
+
+def items(update) -> dict[str, object]:
+    return {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in update}
+
+
+def test_wandb_offline_holds_the_config_every_round_the_clients_spread_the_plots_and_the_status(tracked_run):
+    (log,) = (tracked_run / "wandb").glob("offline-run-*/run-*.wandb")
+    records = wandb_records(log)
+    config: dict[str, object] = {}
+    for record in records:
+        if record.WhichOneof("record_type") == "config":
+            config |= items(record.config.update)
+    assert config["algorithm"] == "fedavg" and config["num-server-rounds"] == 2
+    history = [items(r.history.item) for r in records if r.WhichOneof("record_type") == "history"]
+    evaluate = [r for r in rows_of(tracked_run) if r["phase"] == "evaluate"]
+    logged = {h["_step"]: h["evaluate/accuracy_wmean"] for h in history if "evaluate/accuracy_wmean" in h}
+    assert logged == pytest.approx({r["round"]: r["accuracy_wmean"] for r in evaluate})
+    fit = {h["_step"]: h["fit/train_loss_wmean"] for h in history if "fit/train_loss_wmean" in h}
+    assert fit == pytest.approx({r["round"]: r["train_loss_wmean"] for r in rows_of(tracked_run) if r["phase"] == "fit"})
+    last = next(h for h in reversed(history) if "clients/evaluate/accuracy/values" in h)
+    clients = json.loads((tracked_run / "clients.json").read_text())
+    assert last["_step"] == 2 and sum(last["clients/evaluate/accuracy/values"]) == len(clients) == 3
+    bins = last["clients/evaluate/accuracy/bins"]
+    assert bins[0] <= min(c["accuracy"] for c in clients) <= max(c["accuracy"] for c in clients) <= bins[-1]
+    assert any(h.get("plots/learning_curves/_type") == "image-file" for h in history)
+    summary: dict[str, object] = {}
+    for record in records:
+        if record.WhichOneof("record_type") == "summary":
+            summary |= items(record.summary.update)
+    assert summary["status"] == "completed"
+    assert [r.exit.exit_code for r in records if r.WhichOneof("record_type") == "exit"] == [0]
+
+
+@pytest.mark.parametrize("env,mode", [({}, "offline"), ({"WANDB_API_KEY": "k" * 40}, "online"),
+                                      ({"WANDB_API_KEY": "k" * 40, "WANDB_MODE": "offline"}, "offline"),
+                                      ({"WANDB_MODE": "disabled"}, "disabled")])
+def test_wandb_goes_online_only_when_set_to(monkeypatch, tmp_path, env, mode):
+    import wandb
+
+    for key in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_PROJECT"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    seen = {}
+    monkeypatch.setattr(wandb, "init", lambda **kwargs: seen.update(kwargs))
+    tracking.WandbTracker(tmp_path, "run-1")
+    assert seen["mode"] == mode and seen["project"] == "flwr_pfl" and seen["name"] == "run-1"
+    assert seen["dir"] == str(tmp_path.resolve()) and seen["reinit"] == "create_new"
 
 
 def test_a_run_refused_before_training_opens_no_tracker(tmp_path, blobs_dataset):
