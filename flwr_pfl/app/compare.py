@@ -27,16 +27,20 @@ import logging
 import math
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from flwr_pfl.app.checkpoint import changed_keys
-from flwr_pfl.app.config import SIMULATED_CLIENTS, Experiment, parse_experiment
 from flwr_pfl.app.keys import with_suggestions
-from flwr_pfl.app.registry import ALGORITHMS
-from flwr_pfl.app.results import FAILED, read_status
 from flwr_pfl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from flwr_pfl.app.config import Experiment
+
+# The configuration, the registry and the results writer import the training stack (torch):
+# they are imported where a function needs them, so that `--help` and the command line's
+# checks start in a fraction of a second (docs/benchmark/entry_points.md).
 
 #: figures reported per algorithm (those a run produced)
 REPORTED = (
@@ -66,6 +70,8 @@ def run_one(run_config: dict[str, Any], engine: str, reuse: bool = False) -> lis
     again (reruns are bit-identical, so nothing is lost), so a long comparison can be stopped
     and started again.
     """
+    from flwr_pfl.app.config import parse_experiment
+
     experiment = parse_experiment(run_config)
     if reuse and finished(experiment):
         logging.getLogger("flwr").warning("reusing the finished run %s", experiment.output_path())
@@ -96,6 +102,8 @@ def run_one(run_config: dict[str, Any], engine: str, reuse: bool = False) -> lis
 def judged_failed(experiment: Experiment) -> bool:
     """Whether ``experiment``'s run went to its end and was judged failed (its
     ``summary.json``), as opposed to stopped by an error or completed."""
+    from flwr_pfl.app.results import FAILED, read_status
+
     status = read_status(experiment.output_path())
     return status is not None and status.get("status") == FAILED and not status.get("stopped")
 
@@ -103,6 +111,9 @@ def judged_failed(experiment: Experiment) -> bool:
 def failed_runs(configs: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
     """Run name -> why, for every run of ``configs`` whose results record status ``failed``
     (the reasons from its ``summary.json``, as the first line of its summary gives them)."""
+    from flwr_pfl.app.config import parse_experiment
+    from flwr_pfl.app.results import FAILED, read_status
+
     out: dict[str, str] = {}
     for runs in configs.values():
         for config in runs:
@@ -246,6 +257,9 @@ def run_configs(base_config: dict[str, Any], algorithms: list[str], seeds: list[
     Raises:
         ConfigError: unknown algorithm names, or configurations that do not parse.
     """
+    from flwr_pfl.app.config import SIMULATED_CLIENTS
+    from flwr_pfl.app.registry import ALGORITHMS
+
     unknown = [a for a in dict.fromkeys(algorithms) if a not in ALGORITHMS]
     if unknown:
         raise ConfigError(
@@ -269,6 +283,7 @@ def run_configs(base_config: dict[str, Any], algorithms: list[str], seeds: list[
 
 def _config_problem(config: dict[str, Any]) -> str | None:
     """Why ``config`` would stop its run before training (its parse or its strategy), or None."""
+    from flwr_pfl.app.config import parse_experiment
     from flwr_pfl.app.server_app import build_strategy
 
     try:

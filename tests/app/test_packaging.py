@@ -239,6 +239,19 @@ def test_the_constraints_file_pins_every_dependency_within_its_range():
         assert requirement.specifier.contains(version, prereleases=True), (requirement, version)
 
 
+def test_compare_checks_its_command_line_without_the_training_stack():
+    """``compare --help`` and a bad option answer without importing torch, Ray or the datasets'
+    stack (3.4 s and 548 MB before; docs/benchmark/entry_points.md); a run imports them then."""
+    probe = ("import sys\nfrom flwr_pfl.app import compare\n"
+             "for argv in (['--help'], ['--engine', 'tpu']):\n"
+             "    try:\n        compare.main(argv)\n    except SystemExit:\n        pass\n"
+             "print(sorted(m for m in ('torch', 'ray', 'datasets', 'matplotlib', 'flwr_pfl.app.config') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+    assert "invalid choice: 'tpu'" in done.stderr
+
+
 def test_the_launcher_does_not_import_the_training_stack():
     """It only prepares and submits a run: no torch, Ray or dataset stack (2 s and 690 MB before;
     docs/benchmark/entry_points.md)."""
