@@ -33,7 +33,7 @@ def matrix() -> str:
         spec = ALGORITHMS[name]
         shared = spec.strategy.robust_refusal or spec.strategy._default_refusal()
         secagg = cell(shared) + (" (with `pfedme.weighting = examples`)" if name == "pfedme" else "")
-        lines.append(f"| `{name}` | {cell(spec.client.record_dp_reason())} | {cell(shared)} | {secagg} |")
+        lines.append(f"| `{name}` | {cell(spec.client.record_dp_reason())} | {cell(spec.strategy.dp_refusal())} | {secagg} |")
     return "\n".join(lines)
 
 

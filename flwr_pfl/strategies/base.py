@@ -70,10 +70,14 @@ EVALUATION_PHASES = ("evaluate", SERVER_EVALUATE)
 AGGREGATES = ("mean", "trimmed-mean")
 
 
+#: client-level DP as :func:`per_update_bounds` names it
+CLIENT_DP = "client-level DP (dp-noise-multiplier)"
+
+
 def per_update_bounds(clip: float | None, aggregate: str, client_dp: ClientLevelDP | None) -> list[str]:
     """The settings asked for that the server applies to each client's update, as run keys name them."""
     return [what for what, on in (("clip-update-norm", clip is not None), ("aggregate='trimmed-mean'", aggregate != "mean"),
-                                  ("client-level DP (dp-noise-multiplier)", client_dp is not None)) if on]
+                                  (CLIENT_DP, client_dp is not None)) if on]
 
 
 def accepted_replies(row: Mapping[str, Any]) -> int:
@@ -264,6 +268,11 @@ class PFLStrategy(FedAvg):
     #: an algorithm that overrides how replies are read or combined refuses them unless it says
     #: otherwise here
     robust_refusal: ClassVar[str] = ""
+    #: why client-level DP does not apply: None (default) gives the per-update bounds' refusal;
+    #: "" declares that the class's own reading and combining of replies is still the weighted
+    #: mean of the wire arrays (it only adds checks, or post-processes the mean), so that
+    #: :meth:`private_aggregate` can release them all (pFedFDA: backbone and statistics)
+    client_dp_refusal: ClassVar[str | None] = None
     #: whether the first configure_fit looked for a Flower DP wrapper calling it
     _wrapper_checked: bool = False
     #: what the latest aggregation returned (None: nothing yet)
@@ -432,8 +441,10 @@ class PFLStrategy(FedAvg):
             raise ConfigError(f"{name}: client_dp must be a ClientLevelDP or None, got {type(client_dp).__name__}")
         asked = per_update_bounds(clip, aggregate, client_dp)
         refusal = self.robust_refusal or self._default_refusal()
-        if asked and refusal:
-            raise ConfigError(f"{name}: {' and '.join(asked)} cannot be used: {refusal}; leave them off for this algorithm")
+        refused = [a for a in asked if (self.dp_refusal() if a == CLIENT_DP else refusal)]
+        if refused:
+            reason = refusal if refused != [CLIENT_DP] else self.dp_refusal()
+            raise ConfigError(f"{name}: {' and '.join(refused)} cannot be used: {reason}; leave them off for this algorithm")
         if client_dp is not None and len(asked) > 1:
             raise ConfigError(f"{name}: client-level DP clips every update itself (dp-clip-norm) and averages them "
                               f"uniformly; it cannot be combined with {' or '.join(asked[:-1])}")
@@ -452,6 +463,11 @@ class PFLStrategy(FedAvg):
         if asked:
             raise ConfigError(f"{name}: secure-aggregation hides each client's update from the server, so "
                               f"{' and '.join(asked)}, which the server applies to each update, cannot be combined with it")
+
+    @classmethod
+    def dp_refusal(cls) -> str:
+        """Why client-level DP cannot be used with this algorithm ("" where it can)."""
+        return cls.robust_refusal or cls._default_refusal() if cls.client_dp_refusal is None else cls.client_dp_refusal
 
     @classmethod
     def _default_refusal(cls) -> str:

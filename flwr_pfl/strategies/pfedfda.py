@@ -57,6 +57,7 @@ from flwr_pfl.core.pfedfda import (
     init_global_statistics,
     join_wire,
     lda_head,
+    nearest_psd,
     split_wire,
 )
 from flwr_pfl.errors import ConfigError, ReplyError
@@ -91,6 +92,14 @@ class PFedFDA(PFLStrategy):
     """
 
     name = "pfedfda"
+    #: Alg. 1 line 15 is FedAvg over the whole wire list [phi, mu, Sigma]: client-level DP clips
+    #: each client's update of all three together and releases their noised mean (Sigma_g then
+    #: projected to the nearest PSD matrix, post-processing); the statistics are never sent
+    #: around the mechanism
+    client_dp_refusal = ""
+    robust_refusal = ("pFedFDA's replies carry feature statistics (class means, and a covariance that must stay "
+                      "positive semi-definite) beside the backbone; of the bounds on each reply, only client-level DP "
+                      "(dp-noise-multiplier), which releases the statistics with the backbone, is implemented for them")
 
     def __init__(
         self,
@@ -205,11 +214,20 @@ class PFedFDA(PFLStrategy):
         return reply
 
     def aggregate_replies(self, server_round: int, replies: list[ClientReply]) -> NDArrays:
-        """Alg. 1 line 15: n_i-weighted means of phi, mu and Sigma (FedAvg over the extended list)."""
-        counts = [r.num_examples for r in replies]
-        parts = [self.split(r.arrays) for r in replies]
-        backbone = weighted_average([p[0] for p in parts], counts) if parts[0][0] else []
-        mu, sigma = aggregate_statistics([p[1] for p in parts], [p[2] for p in parts], counts)
+        """Alg. 1 line 15: n_i-weighted means of phi, mu and Sigma (FedAvg over the extended list).
+
+        With client-level DP, the base class's private mean of the whole list instead
+        (:meth:`~flwr_pfl.strategies.base.PFLStrategy.private_aggregate`: each client's update
+        of phi, mu and Sigma clipped together, uniform over the sampled clients, noised), with
+        the released Sigma_g made PSD again (:func:`~flwr_pfl.core.pfedfda.server.nearest_psd`)."""
+        if self.private is not None:
+            backbone, mu, sigma = self.split(self.private_aggregate(server_round, replies))
+            sigma = nearest_psd(sigma)
+        else:
+            counts = [r.num_examples for r in replies]
+            parts = [self.split(r.arrays) for r in replies]
+            backbone = weighted_average([p[0] for p in parts], counts) if parts[0][0] else []
+            mu, sigma = aggregate_statistics([p[1] for p in parts], [p[2] for p in parts], counts)
         self._extra["fit"] = summary = global_statistics_summary(mu, sigma)  # ||mu_g||, Sigma_g, separation
         self.report_collapse(server_round, summary["mu_g_separation"])
         return join_wire(backbone, mu, sigma, packed_cov=self.packed_cov)

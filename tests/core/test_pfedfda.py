@@ -314,6 +314,31 @@ def test_t3_repair_rejects_bad_input(cov: np.ndarray, match: str) -> None:
 # ------------------------------------------------------------------------------------------
 
 
+def test_nearest_psd_clips_negative_eigenvalues_of_the_symmetric_part() -> None:
+    """Closed form: in the eigenbasis R of a rotation, diag(-1, 2) becomes diag(0, 2); an
+    asymmetric input is first replaced by its symmetric part; a PSD input comes back as it is
+    (bit for bit once symmetric); dtype is kept; the result is the nearest PSD matrix (every
+    other PSD candidate tried is farther in the Frobenius norm)."""
+    c, s = math.cos(0.3), math.sin(0.3)
+    rot = np.array([[c, -s], [s, c]])
+    indefinite = rot @ np.diag([-1.0, 2.0]) @ rot.T
+    out = P.nearest_psd(indefinite.astype(np.float32))
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out, rot @ np.diag([0.0, 2.0]) @ rot.T, atol=1e-6)
+    pd = np.array([[2.0, 0.5], [0.5, 1.0]])
+    assert np.array_equal(P.nearest_psd(pd), pd)
+    skew = np.array([[2.0, 0.9], [0.1, 1.0]])
+    np.testing.assert_allclose(P.nearest_psd(skew), [[2.0, 0.5], [0.5, 1.0]])
+    rng = np.random.default_rng(0)
+    best = np.linalg.norm(out - indefinite)
+    for _ in range(200):
+        a = rng.normal(size=(2, 2))
+        assert np.linalg.norm(a @ a.T - indefinite) >= best - 1e-9
+    for bad, match in ((np.ones((2, 3)), "square"), (np.array([[np.nan, 0.0], [0.0, 1.0]]), "NaN")):
+        with pytest.raises(ValueError, match=match):
+            P.nearest_psd(bad)
+
+
 def test_interpolation_is_convex_and_keeps_absent_classes_global() -> None:
     rng = np.random.default_rng(12)
     mu_g = torch.tensor(rng.standard_normal((3, 4)))

@@ -154,8 +154,50 @@ def test_fedrep_releases_its_body_only_and_pfedme_its_uniform_private_mean():
     assert np.linalg.norm(out[0]) == pytest.approx(0.5, rel=1e-5)
 
 
+def test_pfedfda_releases_backbone_and_statistics_as_one_clipped_noised_mean():
+    """pFedFDA's upload [phi, mu, Sigma] is one update per client: clipped together (a client's
+    statistics cannot escape the bound), averaged uniformly over the sampled clients (sizes 5
+    to 400), noised; Sigma_g is then the nearest PSD matrix. Compared with the private mean of
+    the whole list computed here; with large noise Sigma_g stays symmetric PSD."""
+    from fakes import pfedfda_wire, ready_pfedfda_strategy
+    from flwr_pfl.core.pfedfda import nearest_psd, split_wire
+
+    sizes = {0: 5, 4: 400, 7: 30}
+    base = pfedfda_wire(0.1, mu=np.arange(12, dtype=np.float32).reshape(3, 4) / 10, cov=2 * np.eye(4, dtype=np.float32))
+
+    def reply(pid):
+        rng = np.random.default_rng(pid)
+        backbone, mu, cov = split_wire(base)
+        a = rng.normal(size=(4, 4)).astype(np.float32)
+        return [*(b + rng.normal(size=b.shape).astype(np.float32) for b in backbone),
+                mu + rng.normal(size=mu.shape).astype(np.float32), cov + a @ a.T]
+
+    def release(noise):
+        strategy = ready_pfedfda_strategy(fraction_fit=1.0, client_dp=dp(noise_multiplier=noise, clip_norm=2.0))
+        strategy.global_arrays = [a.copy() for a in base]
+        proxies = [FakeProxy(str(100 + p), p) for p in range(10)]
+        strategy.record_sample("fit", proxies)
+        results = [(proxies[p], fit_res(reply(p), n, p)) for p, n in sizes.items()]
+        params, metrics = strategy.aggregate_fit(1, results, [])
+        return parameters_to_ndarrays(params), metrics
+
+    out, metrics = release(1e-3)
+    updates = [[r.astype(np.float64) - g.astype(np.float64) for r, g in zip(reply(p), base)] for p in sizes]
+    expected, _ = private_mean(updates, 2.0, 1e-3, 10, np.random.default_rng([3, 1]))
+    want = [(g.astype(np.float64) + e).astype(np.float32) for g, e in zip(base, expected)]
+    backbone, mu, sigma = split_wire(out)
+    w_backbone, w_mu, w_sigma = split_wire(want)
+    for got, exp in zip([*backbone, mu], [*w_backbone, w_mu]):
+        np.testing.assert_allclose(got, exp, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(sigma, nearest_psd(w_sigma), rtol=1e-5, atol=1e-6)
+    assert sum(np.linalg.norm(u) ** 2 for u in updates[1]) > 2.0 ** 2  # the large client's update was clipped
+    assert metrics["dp_noise_std"] == pytest.approx(1e-3 * 2.0 / 10) and metrics["dp_epsilon"] > 0
+    _, _, noisy = split_wire(release(50.0)[0])
+    assert np.array_equal(noisy, noisy.T) and np.linalg.eigvalsh(noisy.astype(np.float64)).min() >= -1e-5
+
+
 # ------------------------------------------------------------------------------ refusals and bad settings
-@pytest.mark.parametrize("algorithm", ["fedora", "fedfomo", "fedamp", "pfedhn", "pfedfda", "fmtl", "feddar-sa", "fedgp",
+@pytest.mark.parametrize("algorithm", ["fedora", "fedfomo", "fedamp", "pfedhn", "fmtl", "feddar-sa", "fedgp",
                                        "ifca", "fedpac", "local"])
 def test_algorithms_it_cannot_cover_refuse_it_with_the_reason(algorithm):
     experiment = parse_experiment({"algorithm": algorithm, "num-clients": 4, "num-server-rounds": 2,
@@ -164,7 +206,7 @@ def test_algorithms_it_cannot_cover_refuse_it_with_the_reason(algorithm):
         build_strategy(experiment)
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "fedrep", "fedper", "fedprox", "ditto", "apfl", "fedbn", "fedbabu"])
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedrep", "fedper", "fedprox", "ditto", "apfl", "fedbn", "fedbabu", "pfedfda"])
 def test_the_mean_family_accepts_it(algorithm):
     experiment = parse_experiment({"algorithm": algorithm, "num-clients": 4, "num-server-rounds": 2,
                                    "dp-noise-multiplier": 1.0})

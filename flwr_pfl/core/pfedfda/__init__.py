@@ -98,6 +98,7 @@ from flwr_pfl.core.pfedfda.server import (
     client_accuracy_summary,
     global_statistics_summary,
     init_global_statistics,
+    nearest_psd,
 )
 from flwr_pfl.core.pfedfda.wire import cov_to_triu, join_wire, split_wire, triu_to_cov
 from flwr_pfl.core.pfedfda.theory import (
@@ -137,6 +138,7 @@ __all__ = [
     "estimate_statistics",
     "gaussian_estimates",
     "global_statistics_summary",
+    "nearest_psd",
     "golden_section_minimize",
     "init_global_statistics",
     "interpolate_statistics",

@@ -81,6 +81,31 @@ def aggregate_statistics(
     return mu, (0.5 * (cov + cov.T)).astype(cov.dtype)
 
 
+def nearest_psd(cov: np.ndarray) -> np.ndarray:
+    """The positive semi-definite matrix nearest to ``cov``'s symmetric part in the Frobenius norm
+    (Higham 1988): V max(Lambda, 0) V^T of its eigendecomposition; the symmetric part itself when
+    no eigenvalue is negative.
+
+    For a released Sigma_g that noise made indefinite (client-level DP adds Gaussian noise to
+    every entry): a covariance must be PSD for the clients' interpolation and LDA head, and a
+    function of the released matrix alone is post-processing, which keeps the DP guarantee.
+    float64 inside; returns ``cov``'s dtype.
+
+    Raises:
+        ValueError: not square, or not finite.
+    """
+    sigma = np.asarray(cov)
+    if sigma.ndim != 2 or sigma.shape[0] != sigma.shape[1]:
+        raise ValueError(f"cov must be square, got shape {sigma.shape}")
+    if not np.isfinite(sigma).all():
+        raise ValueError("cov has NaN or Inf entries")
+    sym = 0.5 * (sigma.astype(np.float64) + sigma.astype(np.float64).T)
+    values, vectors = np.linalg.eigh(sym)
+    if values.size == 0 or values[0] >= 0:
+        return sym.astype(sigma.dtype)
+    return ((vectors * np.maximum(values, 0.0)) @ vectors.T).astype(sigma.dtype)
+
+
 def check_client_statistics(
     means: np.ndarray, cov: np.ndarray, num_classes: int, dim: int, *, psd_tol: float = 1e-5
 ) -> None:
