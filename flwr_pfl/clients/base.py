@@ -238,10 +238,12 @@ class PFLClient(NumPyClient):
     PERSONAL_KEY = "personal"
     #: the client state record of the DP-SGD steps taken so far (record-level DP's accountant)
     RECORD_DP_KEY = "record-dp-steps"
-    #: why record-level DP (DP-SGD) does not cover this algorithm's local computation ("": it does:
-    #: every use of the data is a step of the shared train loop, through :meth:`train_groups`). A
-    #: class that overrides ``fit`` refuses it unless it says otherwise here.
-    record_dp_refusal: ClassVar[str] = ""
+    #: why record-level DP (DP-SGD) does not cover this algorithm's local computation; "": it does
+    #: (every use of the data is a step of the shared train loop, through :meth:`train_groups`,
+    #: between :meth:`start_private_steps` and :meth:`finish_private_steps`, and what is uploaded
+    #: is computed from the trained model alone); None (default): it does unless the class
+    #: overrides ``fit``, which must then say "" here to be covered
+    record_dp_refusal: ClassVar[str | None] = None
 
     def __init__(
         self,
@@ -368,7 +370,7 @@ class PFLClient(NumPyClient):
     @classmethod
     def record_dp_reason(cls) -> str:
         """Why record-level DP does not apply to this client ("" where it does)."""
-        if cls.record_dp_refusal:
+        if cls.record_dp_refusal is not None:
             return cls.record_dp_refusal
         if cls.fit is not PFLClient.fit:
             return f"{cls.__name__} trains or uploads by its own rule (it overrides fit), not only through DP-SGD steps"
@@ -386,6 +388,21 @@ class PFLClient(NumPyClient):
         if settings is not None and not settings.delta < 1 / records:
             raise ConfigError(f"{self.who}: dp-record-delta={settings.delta} is not below 1/n = {1 / records:.3g} for its "
                               f"{records} training records; a delta that large allows releasing a record outright")
+
+    def start_private_steps(self, config: Config, batch_size: int | None = None) -> None:
+        """With record-level DP on, this message's DP-SGD: Poisson batches of expected size
+        ``batch_size`` (default the client's ``batch_size``) from the training split, seeded by
+        the message's seed when ``dp-record-noise-seed`` is set; every :meth:`train_groups` until
+        :meth:`finish_private_steps` takes DP-SGD steps."""
+        if self.train_config.record_dp is not None:
+            self.private_steps = PrivateSteps(self.train_config.record_dp, num_samples(self.data.train),
+                                              batch_size or self.train_config.batch_size, self.round_seed(config))
+
+    def finish_private_steps(self) -> dict[str, float]:
+        """End this message's DP-SGD; the privacy spent so far (:meth:`record_dp_metrics`)."""
+        metrics = self.record_dp_metrics()
+        self.private_steps = None
+        return metrics
 
     def record_dp_metrics(self) -> dict[str, float]:
         """Account this message's DP-SGD steps in the client's state and return the epsilon the
@@ -434,15 +451,16 @@ class PFLClient(NumPyClient):
     @seeded_message
     def fit(self, parameters: NDArrays, config: Config) -> tuple[NDArrays, int, Config]:
         self.receive(parameters)
-        if self.train_config.record_dp is not None:
-            self.private_steps = PrivateSteps(self.train_config.record_dp, num_samples(self.data.train),
-                                              self.train_config.batch_size, self.round_seed(config))
+        self.start_private_steps(config)
         metrics = self.local_update(config)
-        metrics |= self.record_dp_metrics()
-        self.private_steps = None
+        metrics |= self.finish_private_steps()
         self.keep_personal()
         num_examples = num_samples(self.data.train)
-        return self.get_parameters(config), num_examples, {**metrics, "partition_id": self.partition_id}
+        return self.fit_reply(config), num_examples, {**metrics, "partition_id": self.partition_id}
+
+    def fit_reply(self, config: Config) -> NDArrays:
+        """The arrays a fit reply carries (default: the shared group, :meth:`get_parameters`)."""
+        return self.get_parameters(config)
 
     @seeded_message
     def evaluate(self, parameters: NDArrays, config: Config) -> tuple[float, int, Config]:

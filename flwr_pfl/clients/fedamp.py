@@ -23,10 +23,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from flwr_pfl.clients.base import Config, NDArrays, PFLClient, seeded_message
+from flwr_pfl.clients.base import Config, NDArrays, PFLClient
 from flwr_pfl.core.fedamp import ALPHA_KEY, LAM_KEY, check_hyperparameters, client_regularizer
 from flwr_pfl.errors import ConfigError
-from flwr_pfl.training import get_arrays, group_keys, num_samples
+from flwr_pfl.training import get_arrays, group_keys
 
 
 class FedAMPClient(PFLClient):
@@ -38,12 +38,6 @@ class FedAMPClient(PFLClient):
     accepted, not needed). Fit metrics: ``train_loss`` (F_i, without the proximal part),
     ``train_seconds``.
     """
-
-    #: DP-SGD cannot cover this client (see PFLClient.record_dp_refusal)
-    record_dp_refusal = (
-        'its fit is its own (the attention-weighted cloud model and a parameter mask), not yet wired to '
-        "DP-SGD's accounting"
-    )
 
     shared_group = "all"
     personal_group = None
@@ -73,12 +67,9 @@ class FedAMPClient(PFLClient):
         stats = self.train_groups(("all",), self.train_config.local_epochs, regularizer=regularizer)
         return {"train_loss": stats.loss, "train_seconds": stats.seconds}
 
-    @seeded_message
-    def fit(self, parameters: NDArrays, config: Config) -> tuple[NDArrays, int, Config]:
-        self.receive(parameters)
-        metrics = self.local_update(config)
-        reply = [*get_arrays(self.model, "all"), self.parameter_mask()]
-        return reply, num_samples(self.data.train), {**metrics, "partition_id": self.partition_id}
+    def fit_reply(self, config: Config) -> NDArrays:
+        """w_i, then the parameter mask (:data:`~flwr_pfl.core.fedamp.MASK_NAME`)."""
+        return [*get_arrays(self.model, "all"), self.parameter_mask()]
 
     def personal_state(self) -> dict[str, torch.Tensor]:
         """The model as the last message left it: after an evaluation, the w_i it evaluated

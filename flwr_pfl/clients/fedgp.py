@@ -73,11 +73,12 @@ class FedGPClient(PFLClient):
             :class:`~flwr_pfl.clients.base.PFLClient`) no training samples.
     """
 
-    #: DP-SGD cannot cover this client (see PFLClient.record_dp_refusal)
-    record_dp_refusal = (
-        "the target's projections and auto-weights are computed from its own data's step updates by its "
-        "own fit, not yet wired to DP-SGD's accounting"
-    )
+    #: DP-SGD covers this client although it has its own fit: every use of its data is a step of
+    #: the shared train loop (DP-SGD's Poisson batches, of the target's batch size on the target),
+    #: and what it uploads or aggregates (its model, its per-step updates, the target's
+    #: projections and auto-weights) is computed from DP-SGD's iterates and the other clients'
+    #: models alone: post-processing of a release DP-SGD's accounting already covers
+    record_dp_refusal = ""
 
     shared_group = "all"
 
@@ -160,6 +161,7 @@ class FedGPClient(PFLClient):
         trains = bool(config.get("fedgp.target-trains" if self.is_target else "fedgp.sources-train", True))
         if not trains:
             return [], n, {**base, "skipped": 1}
+        self.start_private_steps(config, batch_size=getattr(self.data.train, "batch_size", None))
         factor = float(config.get("fedgp.lr-scale", 1.0)) * (self.target_lr_ratio if self.is_target else 1.0)
         optimizer = self.train_config.optimizer.scaled(factor)
         record = self.is_target and bool(config.get("fedgp.record-steps", False))
@@ -177,7 +179,8 @@ class FedGPClient(PFLClient):
         stats = self.train_groups(("all",), self.train_config.local_epochs, optimizer=optimizer, after_step=after_step)
         arrays = self.get_parameters(config)
         metrics: Config = {**base, "num_steps": stats.steps, "lr": optimizer.learning_rate,
-                           "train_loss": stats.loss, "train_seconds": stats.seconds, "n_model_arrays": len(arrays)}
+                           "train_loss": stats.loss, "train_seconds": stats.seconds, "n_model_arrays": len(arrays),
+                           **self.finish_private_steps()}
         if aggregates:
             cfg = fda_config_from(config)
             g = self._step_matrix(steps, arrays, flags, cfg) if record else None

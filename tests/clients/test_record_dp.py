@@ -18,7 +18,8 @@ from flwr_pfl.app.inprocess import run_inprocess
 from flwr_pfl.app.registry import ALGORITHMS
 from flwr_pfl.app.results import read_status
 from flwr_pfl.app.server_app import app as server_app
-from flwr_pfl.clients import APFLClient, FedAvgClient, TrainConfig
+from flwr_pfl.clients import APFLClient, FedAMPClient, FedAvgClient, FedGPClient, TrainConfig
+from flwr_pfl.core.fedamp import ALPHA_KEY, LAM_KEY
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.models import EncoderHeadModel
 from flwr_pfl.training import OptimizerConfig, get_arrays
@@ -28,7 +29,7 @@ from fakes import split_loaders
 
 #: the algorithms whose clients use their data only through the shared train loop's steps
 COVERED = {"fedavg", "local", "finetune", "fedrep", "fedper", "fedprox", "fedprox-ft", "lg-fedavg", "fedbabu", "ditto",
-           "knn-per", "pfedhn"}
+           "knn-per", "pfedhn", "fedamp", "fedgp", "fedda", "target-only", "source-only"}
 
 
 def data(n: int = 30):
@@ -72,6 +73,41 @@ def test_dp_sgd_changes_what_the_client_sends():
     sent_plain, _, metrics = plain.fit(arrays, {"server-round": 1})
     assert "dp_record_epsilon" not in metrics
     assert any(not np.allclose(a, b) for a, b in zip(sent_private, sent_plain))
+
+
+def test_fedamp_takes_its_proximal_steps_with_dp_sgd_and_still_sends_its_mask():
+    """FedAMP's fit (Eq. 6 from u_i) runs through DP-SGD: the steps and epsilon of a plain client,
+    a different upload than without DP, and the parameter mask after w_i."""
+    config = {"server-round": 1, LAM_KEY: 1.0, ALPHA_KEY: 0.5}
+    private = client(FedAMPClient)
+    arrays = get_arrays(private.model)
+    sent, _, metrics = private.fit(arrays, config)
+    assert metrics["dp_record_steps"] == 4.0 and metrics["dp_record_delta"] == 1e-3
+    expected = StepAccount()
+    expected.add(8 / 30, 1.0, 4)
+    assert metrics["dp_record_epsilon"] == pytest.approx(expected.epsilon(1e-3))
+    np.testing.assert_array_equal(sent[-1], private.parameter_mask())
+    torch.manual_seed(0)
+    plain = FedAMPClient(private.context, EncoderHeadModel(nn.Sequential(nn.Linear(6, 8), nn.Tanh()), 8, 3), data(),
+                         TrainConfig(batch_size=8, optimizer=OptimizerConfig("sgd", learning_rate=0.1)))
+    sent_plain, _, plain_metrics = plain.fit(arrays, config)
+    assert "dp_record_epsilon" not in plain_metrics
+    assert any(not np.allclose(a, b) for a, b in zip(sent[:-1], sent_plain[:-1]))
+
+
+def test_the_fedgp_target_takes_dp_sgd_steps_at_its_own_batch_size_over_its_own_samples():
+    """The target trains on its 20 target samples in batches of 16: 2 Poisson batches per epoch at
+    rate 16 / 20, not the source's 8 / 30."""
+    target = client(FedGPClient, target_train_samples=20, target_batch_size=16)
+    assert target.is_target
+    _, _, metrics = target.fit(get_arrays(target.model), {"server-round": 1})
+    assert metrics["dp_record_steps"] == 2.0
+    expected = StepAccount()
+    expected.add(16 / 20, 1.0, 2)
+    assert metrics["dp_record_epsilon"] == pytest.approx(expected.epsilon(1e-3))
+    _, _, again = target.fit(get_arrays(target.model), {"server-round": 2})
+    expected.add(16 / 20, 1.0, 2)
+    assert again["dp_record_epsilon"] == pytest.approx(expected.epsilon(1e-3))  # accounted over the run
 
 
 def test_a_delta_not_below_one_over_n_is_refused():
