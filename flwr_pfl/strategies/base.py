@@ -409,6 +409,8 @@ class PFLStrategy(FedAvg):
             self.require_num_rounds("dp-max-epsilon (a budget checked before training)", "dp-max-epsilon=0")
             self.private.check_budget(num_rounds, planned)
         self._sampled_nodes: dict[str, list[str]] = {}  # stage -> node ids sampled for its latest round
+        self._sent_at: dict[str, float] = {}  # stage -> when its latest sample was taken (perf_counter)
+        self._timeout_warned: set[str] = set()  # stages already warned about round_timeout's margin
         self.global_arrays: NDArrays | None = initial_arrays
         self.round_offset = 0  # rounds completed before a resume
         self.partition_of: dict[str, int] = {}  # cid -> partition id, learned from replies
@@ -640,6 +642,7 @@ class PFLStrategy(FedAvg):
         records who was dropped (``num_dropped``, ``dropped_ids``); a subclass that samples its
         own way calls this."""
         self._sampled_nodes[stage] = [p.cid for p in sampled]
+        self._sent_at[stage] = time.perf_counter()
 
     # ---------------------------------------------------------------- configs (Flower's hooks)
     def _round_config(self, hook: str, server_round: int) -> dict[str, Scalar]:
@@ -1087,8 +1090,12 @@ class PFLStrategy(FedAvg):
         taken = " ".join([*(str(pid) for pid in known), *(_who(cid, None) for cid in unknown)])
         out: dict[str, Any] = {"participants": float(len(who)), "participant_ids": taken}
         sampled = self._sampled_nodes.pop(phase, None)
+        sent = self._sent_at.pop(phase, None)
         if sampled is None:  # this aggregation did not follow a sample of the base class
             return out
+        if sent is not None:
+            out["exchange_seconds"] = time.perf_counter() - sent
+            self.warn_near_timeout(server_round, phase, out["exchange_seconds"])
         replied_nodes = {cid for cid, _ in who if cid is not None}
         replied_partitions = set(known)
 
@@ -1105,6 +1112,22 @@ class PFLStrategy(FedAvg):
                 "rejected): %s; going on with partitions [%s]", self.run_round(server_round), phase,
                 len(dropped), len(sampled), out["dropped_ids"], taken)
         return out
+
+    #: the share of ``round_timeout`` an exchange of healthy nodes may take before the run warns
+    TIMEOUT_MARGIN = 0.5
+
+    def warn_near_timeout(self, server_round: int, phase: str, seconds: float) -> None:
+        """Warn, once per phase, when an exchange took more than :attr:`TIMEOUT_MARGIN` of
+        ``round_timeout``: a node answering within the limit today is dropped, and counted as
+        failed, the day the host is busier (docs/deployment.md, *round-timeout*)."""
+        limit = self.round_timeout
+        if limit is None or phase in self._timeout_warned or seconds <= self.TIMEOUT_MARGIN * limit:
+            return
+        self._timeout_warned.add(phase)
+        log(WARNING, "round %d: %s took %.1f s, %.0f%% of round-timeout=%g s: a node this slow on a busier host "
+            "misses the limit and is dropped from its round; set round-timeout to at least %.0f s (3 times this "
+            "exchange) or 0 (no limit)", self.run_round(server_round), phase, seconds, 100 * seconds / limit, limit,
+            math.ceil(3 * seconds))
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:

@@ -38,6 +38,9 @@ def test_a_hung_supernode_is_dropped_after_round_timeout_and_the_run_completes(f
     status = fleet.wait_for_run("loop", timeout=600)
     assert status == "finished:completed", (status, fleet.logs())
     assert time.time() - frozen_at >= 60  # round 2's fit waited round-timeout for it
+    timings = {(r["round"], r["phase"]): r for r in json.loads((out / "run" / "timings.json").read_text())}
+    assert timings[(2, "fit")]["exchange_seconds"] >= 60  # the exchange the frozen node was sent took the whole limit
+    assert timings[(1, "fit")]["exchange_seconds"] < 60  # the healthy one did not
     rows = json.loads((out / "run" / "metrics.json").read_text())
     by_phase = {(r["round"], r["phase"]): r for r in rows if r["phase"] in ("fit", "evaluate")}
     assert by_phase[(1, "fit")]["participant_ids"] == "0 1 2"

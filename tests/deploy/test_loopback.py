@@ -29,7 +29,7 @@ def test_a_supernode_that_dies_and_comes_back_continues_with_its_state(fleet, tm
     out = tmp_path / "out"
     overrides = (
         f"algorithm='fedrep' dataset='fashion-mnist' data-dir='{data_dir}' max-samples=600 model='mlp' "
-        f"num-clients=3 min-clients=2 round-timeout=60.0 wait-timeout=120.0 num-server-rounds=3 "
+        f"num-clients=3 min-clients=2 round-timeout=180.0 wait-timeout=120.0 num-server-rounds=3 "
         f"output-dir='{out}' run-name='run'"
     )
     fleet.submit_run(overrides)

@@ -123,7 +123,7 @@ def test_tls_with_supernode_authentication_runs_registered_nodes_and_refuses_the
     out = tmp_path / "out"
     overrides = (
         f"algorithm='fedavg' dataset='fashion-mnist' data-dir='{data_dir}' max-samples=300 model='mlp' "
-        f"num-clients=2 min-clients=2 round-timeout=60.0 wait-timeout=60.0 num-server-rounds=2 "
+        f"num-clients=2 min-clients=2 round-timeout=180.0 wait-timeout=60.0 num-server-rounds=2 "
         f"output-dir='{out}' run-name='run'"
     )
     fleet.submit_run(overrides, "fleet-tls")

@@ -81,3 +81,41 @@ def test_replies_with_partition_ids_are_recorded_by_partition_as_before() -> Non
     _, metrics, clients = rows.rows[-1]
     assert sorted(clients) == [0, 1] and metrics["participant_ids"] == "0 1" and metrics["participants"] == 2.0
     assert metrics["num_dropped"] == 1.0 and metrics["dropped_ids"] == "node-5014"  # its partition was never learned
+
+
+def test_each_exchange_records_its_duration_and_warns_once_when_it_nears_round_timeout(monkeypatch, caplog) -> None:
+    """``exchange_seconds`` runs from the sample (just before the instructions go out) to the
+    aggregation; over half of ``round_timeout`` it warns once per phase, naming 3x the exchange."""
+    import logging
+
+    from flwr_pfl.strategies import base
+
+    now = [0.0]
+    monkeypatch.setattr(base.time, "perf_counter", lambda: now[0])
+    rows = Rows()
+    strategy = FedAvg(num_clients=2, initial_arrays=ARRAYS, on_round=rows, seed=0, wait_timeout=0, round_timeout=50.0)
+    proxies = [FakeProxy("a", 0), FakeProxy("b", 1)]
+    strategy.partition_of = {"a": 0, "b": 1}
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        for server_round, (start, took) in enumerate([(100.0, 30.0), (200.0, 10.0), (300.0, 31.0)], 1):
+            now[0] = start
+            strategy.record_sample("fit", proxies)
+            now[0] = start + took
+            strategy._notify(server_round, "fit", {}, {0: {}, 1: {}})
+    seconds = [m["exchange_seconds"] for _, m, _ in rows.rows]
+    assert seconds == [30.0, 10.0, 31.0]
+    warnings = [r.getMessage() for r in caplog.records if "round-timeout" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith("round 1: fit took 30.0 s, 60% of round-timeout=50 s")
+    assert "at least 90 s" in warnings[0]
+
+
+def test_without_round_timeout_nothing_warns_and_the_duration_is_still_recorded(caplog) -> None:
+    import logging
+
+    rows = Rows()
+    strategy = FedAvg(num_clients=2, initial_arrays=ARRAYS, on_round=rows, seed=0, wait_timeout=0)
+    strategy.record_sample("evaluate", [FakeProxy("a", 0)])
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        strategy._notify(1, "evaluate", {}, {0: {}})
+    assert rows.rows[-1][1]["exchange_seconds"] >= 0.0
+    assert not [r for r in caplog.records if "round-timeout" in r.getMessage()]
