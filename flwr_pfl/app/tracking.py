@@ -6,7 +6,7 @@ recorded twice).
 Run key ``tracking``: a comma-separated list of ``tensorboard`` (event files under
 ``<run>/tensorboard``, read by ``tensorboard --logdir``), ``mlflow`` (a run in the MLflow
 tracking store of ``MLFLOW_TRACKING_URI``, by default a local SQLite store ``<run>/mlflow.db``)
-and ``wandb`` (a Weights & Biases run under ``<run>/wandb``: offline, for ``wandb sync``, unless
+and ``wandb`` (a Weights & Biases run under ``<run>/wandb``, wandb >= 0.19.10: offline, for ``wandb sync``, unless
 W&B is set to go online by ``WANDB_MODE`` or an ``WANDB_API_KEY``; project ``WANDB_PROJECT``,
 default ``flwr_pfl``), "" for none. Each backend is an extra (``pip install "flwr_pfl[tracking]"``); asking for one
 that is not installed is refused before training, naming the extra.
