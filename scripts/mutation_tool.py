@@ -88,7 +88,8 @@ SCOPE: dict[str, tuple[str, ...]] = {
     "flwr_pfl/app/client_cache.py": ("tests/app/test_client_cache.py", "tests/properties"),
     # the run config's checks are tested where their features are: DP keys with client-level and
     # record-level DP, run names and checkpoint keys with resuming
-    "flwr_pfl/app/config.py": ("tests/app/test_config.py", "tests/app/test_presets.py", "tests/strategies/test_client_dp.py",
+    "flwr_pfl/app/config.py": ("tests/app/test_config.py", "tests/app/test_config_checks.py", "tests/app/test_presets.py",
+                               "tests/strategies/test_client_dp.py",
                                "tests/clients/test_record_dp.py", "tests/app/test_resume_safety.py"),
     "flwr_pfl/app/results.py": ("tests/app/test_inprocess.py", "tests/app/test_compare.py", "tests/app/test_failed_runs.py"),
     "flwr_pfl/app/secagg.py": ("tests/app/test_secagg.py",),
