@@ -288,15 +288,24 @@ def run_all(runs: list[Run], run_fn: RunFn | None = None, jobs: int = 1, log: Ca
     return done
 
 
-def collect(table: Table, results: dict[Run, dict[str, Any]]) -> tuple[dict, dict]:
-    """Per column, method and seed: the run's figure and its extra figures (the table's own runs,
-    learning-rate factor 1)."""
+def collect(table: Table, results: dict[Run, dict[str, Any]]) -> tuple[dict, dict, dict]:
+    """Per column, method and seed: the run's figure, its extra figures (the table's own runs,
+    learning-rate factor 1) and, for a run the app judges failed
+    (:func:`~flwr_pfl.app.results.judge_run`: a round in which every client failed, or a
+    divergence that ended at chance), why."""
+    from flwr_pfl.app.results import judge_run, rounds_text
+
     figures: dict[str, dict[str, dict[int, float]]] = {}
     extras: dict[str, dict[str, dict[str, dict[int, float]]]] = {}
+    failed: dict[str, dict[str, dict[int, str]]] = {}
     for run, payload in results.items():
         if run.lr_factor != 1.0:
             continue
         rows = payload["rows"]
+        verdict = judge_run(rows)
+        if verdict.trained_nothing:
+            why = verdict.divergence or f"{rounds_text(verdict.rounds_without_training)} trained nothing"
+            failed.setdefault(run.column, {}).setdefault(run.method, {})[run.seed] = why
         value = report.run_figure(rows, table.metric, table.last)
         if value is not None:
             figures.setdefault(run.column, {}).setdefault(run.method, {})[run.seed] = value
@@ -304,13 +313,13 @@ def collect(table: Table, results: dict[Run, dict[str, Any]]) -> tuple[dict, dic
             v = report.fit_mean(rows, key[4:]) if key.startswith("fit:") else report.run_figure(rows, (key,), table.last)
             if v is not None:
                 extras.setdefault(run.column, {}).setdefault(run.method, {}).setdefault(key, {})[run.seed] = v
-    return figures, extras
+    return figures, extras, failed
 
 
 def write_table(table: Table, scale: str, results: dict[Run, dict[str, Any]], command: str, docs: Path = DOCS) -> Path:
     """Write ``<docs>/<table>-<scale>.md``, ``.png`` and ``.json`` (the summary); returns the page."""
-    figures, extras = collect(table, results)
-    summary = report.summarize(table, figures, extras)
+    figures, extras, failed = collect(table, results)
+    summary = report.summarize(table, figures, extras, failed)
     seconds = sum(p["seconds"] for p in results.values()) if results else None
     machines = Counter(report.machine_label(payload.get("machine")) for payload in results.values())
     docs.mkdir(parents=True, exist_ok=True)

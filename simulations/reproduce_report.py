@@ -96,13 +96,15 @@ def _fmt(value: float, log: bool) -> str:
     return f"{value:.2e}" if log else f"{value:.4f}"
 
 
-def summarize(table, figures: dict[str, dict[str, dict[int, float]]], extras: dict[str, dict[str, dict[str, dict[int, float]]]]) -> dict[str, Any]:
+def summarize(table, figures: dict[str, dict[str, dict[int, float]]], extras: dict[str, dict[str, dict[str, dict[int, float]]]],
+              failed: dict[str, dict[str, dict[int, str]]] | None = None) -> dict[str, Any]:
     """Everything the Markdown and the plot show, per column and method.
 
     Args:
         table: the :class:`reproduce_tables.Table`.
         figures: column -> method label -> seed -> figure.
         extras: column -> method label -> extra key -> seed -> value.
+        failed: column -> method label -> seed -> why the app judged that run failed.
     """
     out: dict[str, Any] = {}
     for column in table.columns:
@@ -127,6 +129,7 @@ def summarize(table, figures: dict[str, dict[str, dict[int, float]]], extras: di
                 "seeds": {str(s): v for s, v in sorted(values.items())}, "paper": paper_m, "paired": diff,
                 "agreement": "" if diff is None else paper_agreement(diff["verdict"], paper_m, paper_r, table.higher_is_better),
                 "extras": {k: mean_std(list(v.values())) for k, v in extras.get(column.name, {}).get(method.label, {}).items()},
+                "failed": {str(s): why for s, why in sorted((failed or {}).get(column.name, {}).get(method.label, {}).items())},
             }
         out[column.name] = rows
     return out
@@ -189,10 +192,18 @@ def markdown(table, scale_name: str, summary: dict[str, Any], command: str, seco
             diff = "reference" if d is None else f"{d['mean']:+.4f} ± {d['std']:.4f}"
             verdict = "" if d is None else WORDS[d["verdict"]]
             paper = "" if r["paper"] is None else _fmt(r["paper"], table.log)
+            lost = r.get("failed") or {}
+            if lost:
+                value += f" (**{len(lost)} of {r['n']} failed**)"
             cells = [label, value, str(r["n"]), paper, diff, verdict, r["agreement"]]
             cells += [f"{r['extras'][k][0]:.4f} ± {r['extras'][k][1]:.4f}" if k in r["extras"] else "" for k in extra_keys]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+        failures = [(label, seed, why) for label, r in rows.items() for seed, why in (r.get("failed") or {}).items()]
+        if failures:
+            lines += ["**Failed runs**, judged as the app judges a run (a round in which every client asked to train "
+                      "failed, or a loss that diverged and left the run at chance); their figures are not results:", ""]
+            lines += [f"- {label}, seed {seed}: {why}" for label, seed, why in failures] + [""]
     pending = not_run(table, summary)
     if pending:
         lines += ["**Not run yet at this scale** (the command below runs only these; finished runs are kept): "

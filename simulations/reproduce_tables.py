@@ -291,6 +291,9 @@ preset; its R-Acc and PTR are against its in-run LOCAL shadow model (same splits
         # the authors' hyperparameters (pfedhn.* defaults: hypernetwork 3 x 100, SGD 1e-2, momentum 0.9,
         # weight decay 1e-3, K = 50 inner steps); FEDORA gives none of its own
         _m("pFedHN", "pfedhn", {_ROT_MNIST: 0.8004, _ROT_FMNIST: 0.7215}),
+        # with all K clients a round, the default takes K momentum steps of the hypernetwork from one
+        # round's phi; one step along the mean of the round's gradients (docs/baselines.md, pFedHN)
+        _m("pFedHN, one step a round", "pfedhn", pfedhn__round_step="mean"),
         # FEDORA gives no FedFomo hyperparameters: M = 5, epsilon 0.3 decaying by 0.05 (the authors'); the
         # presets' validation split (val-fraction 0.1365) is what its first-order weights are computed on
         _m("FedFomo", "fedfomo", {_ROT_MNIST: 0.7749, _ROT_FMNIST: 0.7110}),

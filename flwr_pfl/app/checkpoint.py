@@ -67,13 +67,19 @@ def changed_keys(saved: Mapping[str, Any], current: Mapping[str, Any], ignore: I
     a run key the app gained after the stored run, left at its default, computes what the run
     without it computed (the app keeps results identical while a new option is off). So a run
     checkpointed, or a result stored, before an upgrade still resumes, or is reused, after it.
+    Nor is another algorithm's option (a ``<section>.<option>`` key outside the run's own
+    algorithm's section, :attr:`~flwr_pfl.app.registry.AlgorithmSpec.section`): the run never
+    reads it, so a default changed for FMTL does not strand a FEDORA run.
     """
     from flwr_pfl.app.appdir import default_run_config
 
     ignored = frozenset(ignore)
     defaults: dict[str, Any] | None = None
+    own = _own_section(saved, current)
     changed = []
     for key in sorted((saved.keys() | current.keys()) - ignored):
+        if own is not None and "." in key and not key.startswith(own):
+            continue
         if key in saved and key in current:
             if saved[key] != current[key]:
                 changed.append(key)
@@ -84,6 +90,18 @@ def changed_keys(saved: Mapping[str, Any], current: Mapping[str, Any], ignore: I
         if key not in defaults or value != defaults[key]:
             changed.append(key)
     return changed
+
+
+def _own_section(saved: Mapping[str, Any], current: Mapping[str, Any]) -> str | None:
+    """The options section (``"fedora."``) of the algorithm both configurations run; None when
+    they run different algorithms (then every key counts) or one the registry does not know."""
+    algorithm = current.get("algorithm", saved.get("algorithm"))
+    if saved.get("algorithm", algorithm) != algorithm or not isinstance(algorithm, str):
+        return None
+    from flwr_pfl.app.registry import ALGORITHMS
+
+    spec = ALGORITHMS.get(algorithm)
+    return spec.section if spec is not None else None
 
 
 #: version of the layout above; a checkpoint of another version is refused

@@ -332,7 +332,7 @@ class ResultsWriter:
         untrained = verdict.rounds_without_training
         if untrained:
             last = max((r["round"] for r in self.rows), default=0)
-            text = (f"{_rounds_text(untrained)} (of {last}) trained nothing: every client asked to train failed or "
+            text = (f"{rounds_text(untrained)} (of {last}) trained nothing: every client asked to train failed or "
                     "was rejected")
             quoted = [(k, v) for k, v in self.unanswered.items() if k[0] in untrained]
             if quoted:
@@ -515,7 +515,7 @@ def _loss_blowup(rows: Sequence[Mapping[str, Any]]) -> str | None:
     return None
 
 
-def _rounds_text(rounds: Sequence[int]) -> str:
+def rounds_text(rounds: Sequence[int]) -> str:
     """``round 3`` or ``rounds 2-4, 7``: consecutive rounds as ranges."""
     spans: list[list[int]] = []
     for r in rounds:

@@ -253,6 +253,26 @@ def test_table_page_shows_mean_std_paper_and_verdicts(tmp_path):
     assert summary["col"]["noisy"]["paired"]["verdict"] == "tie"
 
 
+def test_a_run_the_app_judges_failed_is_marked_on_the_page_with_its_reason(tmp_path):
+    """A seed whose round 2 lost every fit reply is a failed run (the app's own rule): its row
+    says how many of its seeds failed and the page lists each with the reason; healthy rows are
+    unmarked."""
+    table = _toy_table()
+    broken = _rows(0.12)
+    for row in broken:
+        if row["phase"] == "fit" and row["round"] == 2:
+            row.update(participants=0, num_failures=3)
+    results = {R.Run("col", m, s, {}, tmp_path / "x"): {"rows": broken if (m, s) == ("noisy", 1) else _rows(v), "seconds": 1.0}
+               for m, v in (("new", 0.8), ("base", 0.7), ("noisy", 0.75)) for s in range(3)}
+    page = R.write_table(table, "quick", results, "cmd", docs=tmp_path).read_text()
+    lines = {line.split(" | ")[0].strip("| "): line for line in page.splitlines() if line.startswith("| ")}
+    assert "(**1 of 3 failed**)" in lines["noisy"]
+    assert "failed" not in lines["new"] and "failed" not in lines["base"]
+    assert "- noisy, seed 1: round 2 trained nothing" in page
+    summary = json.loads((tmp_path / "toy-quick.json").read_text())
+    assert summary["col"]["noisy"]["failed"] == {"1": "round 2 trained nothing"} and summary["col"]["new"]["failed"] == {}
+
+
 def test_a_page_written_from_part_of_a_table_names_what_has_not_run(tmp_path):
     toy = _toy_table()
     table = dataclasses.replace(toy, columns=toy.columns + (Column("later", "flwr_pfl/presets/tiny.toml"),))

@@ -298,6 +298,21 @@ def test_a_checkpoint_from_before_a_new_run_key_resumes_while_the_key_is_at_its_
     assert changed_keys({"seed": 1, "resume": False}, {"seed": 1, "resume": True}, ignore={"resume"}) == []
 
 
+def test_another_algorithms_options_are_no_change_of_a_run():
+    """A run reads only its own algorithm's options: FMTL's t1-rounds default moving (100 -> -1)
+    does not strand a FEDORA run; FEDORA's own options, and any option when the algorithm
+    itself changed, still count."""
+    from flwr_pfl.app.checkpoint import changed_keys
+
+    fedora = {"algorithm": "fedora", "fmtl.t1-rounds": 100, "fedora.p": 1, "seed": 0}
+    assert changed_keys(fedora, fedora | {"fmtl.t1-rounds": -1, "fedrep.head-epochs": 9}) == []
+    assert changed_keys(fedora, fedora | {"fedora.p": 2}) == ["fedora.p"]
+    assert changed_keys(fedora, fedora | {"algorithm": "fmtl", "fmtl.t1-rounds": -1}) == ["algorithm", "fmtl.t1-rounds"]
+    feddar = {"algorithm": "feddar-wa", "feddar.head-epochs": 5, "fmtl.t1-rounds": 100}  # a variant reads its family's section
+    assert changed_keys(feddar, feddar | {"feddar.head-epochs": 1, "fmtl.t1-rounds": -1}) == ["feddar.head-epochs"]
+    assert changed_keys({"algorithm": "gone", "x.y": 1}, {"algorithm": "gone", "x.y": 2}) == ["x.y"]
+
+
 # ------------------------------------------------------------------------------ signed checkpoints
 KEY, OTHER = b"a server key of 32 bytes .......", b"another key of 32 bytes ........"
 
