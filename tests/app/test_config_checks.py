@@ -42,6 +42,7 @@ def test_a_fraction_that_samples_nobody_is_refused_where_the_federation_is_known
     refused({"fraction-fit": 0.05, "num-clients": 10}, "fraction-fit=0.05 samples no client out of num-clients=10")
     parse_experiment({"fraction-fit": 0.1, "num-clients": 10})
     parse_experiment({"fraction-fit": 0.05})  # num-clients = 0: checked once the federation's size is known
+    parse_experiment({"fraction-fit": 0.0, "num-clients": 10})  # no training asked for: nothing to sample
 
 
 def test_the_unknown_model_message_lists_every_model():
