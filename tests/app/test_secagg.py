@@ -275,7 +275,7 @@ def secure_experiment(**overrides):
 
 
 def test_the_algorithms_that_need_single_replies_refuse_it_naming_why():
-    for algorithm, reason in (("fedamp", "attention weights"), ("pfedfda", "own rule"), ("fedora", "own rule"),
+    for algorithm, reason in (("fedamp", "attention weights"), ("pfedfda", "feature statistics"), ("fedora", "own rule"),
                               ("local", "sends no model"), ("pfedhn", "hypernetwork")):
         with pytest.raises(ConfigError, match=rf"secure-aggregation cannot be used: .*{reason}"):
             build_strategy(secure_experiment(algorithm=algorithm))

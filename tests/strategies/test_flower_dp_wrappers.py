@@ -38,7 +38,7 @@ def strategy_of(algorithm: str, **overrides):
 
 @pytest.mark.parametrize("wrap", LEGACY_WRAPPERS.values(), ids=LEGACY_WRAPPERS.keys())
 @pytest.mark.parametrize(("algorithm", "reason"), [
-    ("pfedfda", "own rule"), ("feddar-sa", "own rule"), ("fmtl", "own rule"), ("fedora", "own rule"),
+    ("pfedfda", "feature statistics"), ("feddar-sa", "own rule"), ("fmtl", "own rule"), ("fedora", "own rule"),
     ("fedamp", "attention weights"), ("local", "sends no model"),
 ])
 def test_a_legacy_wrapper_that_cannot_apply_is_refused_before_any_client_trains(wrap, algorithm, reason):
