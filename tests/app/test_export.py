@@ -170,7 +170,7 @@ def test_names_must_fit_the_arrays():
         name_arrays(arrays, [["a.weight", [2, 3]], ["a.bias", [3]]])
 
 
-@pytest.mark.parametrize("name", ["", ".", "..", "../x", "a/b", "/tmp/x"])
+@pytest.mark.parametrize("name", ["", ".", "..", "../x", "a/b", "/abs/x"])
 def test_a_client_writes_only_under_its_own_output_dir(tmp_path, name):
     with pytest.raises(ValueError, match=EXPORT_KEY):
         client_export_dir({"output-dir": str(tmp_path)}, name)

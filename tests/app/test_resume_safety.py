@@ -231,7 +231,7 @@ def test_unnamed_runs_get_their_own_directories(tmp_path, blobs_dataset, monkeyp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fedavg-default", "fedavg-default-2", "fedavg-default-3"]
 
 
-@pytest.mark.parametrize("name", ["../../x", "..", ".", "a/b", "/tmp/x", "a\\b"])
+@pytest.mark.parametrize("name", ["../../x", "..", ".", "a/b", "/abs/x", "a\\b"])
 def test_a_run_name_that_leaves_output_dir_is_refused(tmp_path, name):
     with pytest.raises(ConfigError, match="run-name=.* must be a plain directory name inside output-dir"):
         parse_experiment({"output-dir": str(tmp_path), "run-name": name})
