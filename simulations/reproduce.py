@@ -385,12 +385,15 @@ def main(argv: list[str] | None = None) -> None:
         results = run_all(runs, jobs=args.jobs)
     table_command = f"python simulations/reproduce.py {table.name} --scale {args.scale} --seeds {' '.join(map(str, seeds))}"
     if args.lr_factors:
+        # like the table's page, the sweep's page shows every finished run at these factors, of
+        # every method, in every column that has a run at a factor other than 1 (a sweep of some
+        # rows adds them to the page, never drops the others)
         command = table_command + " --lr-factors " + " ".join(f"{f:g}" for f in args.lr_factors)
-        if args.methods:
-            command += " --methods " + " ".join(f"'{m}'" for m in args.methods)
-        if args.columns:
-            command += " --columns " + " ".join(f"'{c}'" for c in args.columns)
-        print(f"wrote {write_sweep(table, args.scale, results, command, args.docs)}")
+        swept = {r: p for r in plan(table, args.scale, seeds, args.results.resolve(), lr_factors=args.lr_factors)
+                 if (p := finished(r)) is not None}
+        columns = {r.column for r in swept if r.lr_factor != 1.0}
+        swept = {r: p for r, p in swept.items() if r.column in columns}
+        print(f"wrote {write_sweep(table, args.scale, swept, command, args.docs)}")
     # the table's page shows every finished run of the table at these seeds, not only this
     # invocation's subset (a run of one column or method adds to the page, never shrinks it)
     whole = {r: p for r in plan(table, args.scale, seeds, args.results.resolve()) if (p := finished(r)) is not None}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from flwr_pfl.clients.base import Config, NDArrays, PFLClient
-from flwr_pfl.core.pfedhn import INNER_STEPS
+from flwr_pfl.core.pfedhn import INNER_CLIP_NORM, INNER_STEPS
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.models.split import user_keys
 from flwr_pfl.training import load_arrays, save_arrays
@@ -26,6 +26,13 @@ def check_inner_steps(value: object, key: str = "inner_steps") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(f"{key} must be an integer >= 0 (0: local-epochs full passes instead of K steps), got {value!r}")
     return value
+
+
+def check_inner_clip_norm(value: object, key: str = "inner_clip_norm") -> float:
+    """``value`` as a finite number >= 0, else ConfigError naming ``key``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise ConfigError(f"{key} must be a finite number >= 0 (0: no clipping), got {value!r}")
+    return float(value)
 
 
 def parameter_keys(model: torch.nn.Module) -> list[str]:
@@ -49,7 +56,8 @@ class PFedHNClient(PFLClient):
     steps on consecutive mini-batches of the shuffled training loader (passes restart,
     reshuffled, as needed). The authors draw each step's batch from a fresh shuffle
     (``next(iter(loader))``); both give K uniformly drawn mini-batches. ``inner_steps = 0``
-    trains ``local-epochs`` full passes instead.
+    trains ``local-epochs`` full passes instead. Before every step the gradient's total norm is
+    clipped to ``inner_clip_norm``, as the authors do (``clip_grad_norm_(net.parameters(), 50)``).
 
     Evaluation: the generated parameters of the evaluate instruction with the client's own
     buffers, as they are (no fine-tuning), as the authors evaluate (``hnet(node_id)`` loaded
@@ -60,6 +68,7 @@ class PFedHNClient(PFLClient):
 
     Args:
         inner_steps: K >= 0 (default the authors' 50).
+        inner_clip_norm: the inner steps' gradient-norm clip (default the authors' 50; 0: off).
         *args, **kwargs: :class:`~flwr_pfl.clients.PFLClient`'s arguments.
     """
 
@@ -67,9 +76,10 @@ class PFedHNClient(PFLClient):
     personal_group = None
     BUFFERS_KEY = "pfedhn-buffers"
 
-    def __init__(self, *args, inner_steps: int = INNER_STEPS, **kwargs) -> None:
+    def __init__(self, *args, inner_steps: int = INNER_STEPS, inner_clip_norm: float = INNER_CLIP_NORM, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.inner_steps = check_inner_steps(inner_steps, "pFedHN's inner_steps (pfedhn.inner-steps)")
+        self.inner_clip_norm = check_inner_clip_norm(inner_clip_norm, "pFedHN's inner_clip_norm (pfedhn.inner-clip-norm)")
         self.wire_keys = parameter_keys(self.model)
         wire = set(self.wire_keys)
         self.buffer_keys = [key for key in self.model.state_dict() if key not in wire]
@@ -106,7 +116,8 @@ class PFedHNClient(PFLClient):
         if self.inner_steps:
             # every pass yields at least one batch (an empty training set is refused), so K passes
             # are enough for K steps; the loop stops at max_steps
-            stats = self.train_groups(("all",), self.inner_steps, max_steps=self.inner_steps)
+            stats = self.train_groups(("all",), self.inner_steps, max_steps=self.inner_steps,
+                                      clip_grad_norm=self.inner_clip_norm)
         else:
-            stats = self.train_groups(("all",), self.train_config.local_epochs)
+            stats = self.train_groups(("all",), self.train_config.local_epochs, clip_grad_norm=self.inner_clip_norm)
         return {"train_loss": stats.loss, "train_seconds": stats.seconds, "inner_steps": float(stats.steps)}

@@ -19,9 +19,9 @@ from flwr_pfl.models.encoders import (
     resnet18_encoder,
 )
 
-MODEL_NAMES = ("mlp", "cnn28", "cnn32", "resnet18", "resnet18-gn", "linear")
+MODEL_NAMES = ("mlp", "cnn28", "cnn28-bn", "cnn32", "resnet18", "resnet18-gn", "linear")
 #: the models with BatchNorm (running statistics), which record-level DP (DP-SGD) refuses
-RUNNING_STAT_MODELS = ("resnet18",)
+RUNNING_STAT_MODELS = ("cnn28-bn", "resnet18")
 
 
 def _feature_dim(encoder: nn.Module, input_shape: tuple[int, ...]) -> int:
@@ -44,20 +44,21 @@ def build_model(
     """Build an encoder + ``num_heads`` heads model by name.
 
     Args:
-        name: one of ``MODEL_NAMES``: ``mlp``, ``cnn28`` (28x28 inputs), ``cnn32`` (32x32),
-            ``resnet18`` (BatchNorm), ``resnet18-gn`` (GroupNorm), ``linear`` (FedDAR's B^T x).
+        name: one of ``MODEL_NAMES``: ``mlp``, ``cnn28`` (28x28 inputs), ``cnn28-bn`` (the same
+            with BatchNorm, as FedBN's DigitModel), ``cnn32`` (32x32), ``resnet18`` (BatchNorm),
+            ``resnet18-gn`` (GroupNorm), ``linear`` (FedDAR's B^T x).
         input_shape: shape of one input, e.g. (1, 28, 28) or (d,).
         num_outputs: classes, or regression targets, per head.
         num_heads: heads, one per domain or task.
-        feature_dim: representation width for ``linear`` (k), ``cnn28`` and ``cnn32``; 0 keeps
+        feature_dim: representation width for ``linear`` (k), ``cnn28(-bn)`` and ``cnn32``; 0 keeps
             the model's default (128; ``linear`` requires it).
     """
     if name == "mlp":
         encoder = mlp_encoder(input_shape)
-    elif name == "cnn28":
+    elif name in ("cnn28", "cnn28-bn"):
         if tuple(input_shape[-2:]) != (28, 28):
-            raise ConfigError(f"model 'cnn28' needs 28x28 inputs, got input shape {input_shape}")
-        encoder = cnn28_encoder(input_shape, feature_dim or 128)
+            raise ConfigError(f"model {name!r} needs 28x28 inputs, got input shape {input_shape}")
+        encoder = cnn28_encoder(input_shape, feature_dim or 128, batch_norm=name == "cnn28-bn")
     elif name == "cnn32":
         if tuple(input_shape[-2:]) != (32, 32):
             raise ConfigError(f"model 'cnn32' needs 32x32 inputs, got input shape {input_shape}")

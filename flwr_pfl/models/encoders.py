@@ -19,14 +19,22 @@ def mlp_encoder(input_shape: tuple[int, ...], hidden: tuple[int, ...] = (200, 20
     return nn.Sequential(*layers)
 
 
-def cnn28_encoder(input_shape: tuple[int, ...], feature_dim: int = 128) -> nn.Module:
-    """Small CNN for 28x28 inputs (MNIST family): two 5x5 conv + pool blocks, one dense layer."""
+def cnn28_encoder(input_shape: tuple[int, ...], feature_dim: int = 128, batch_norm: bool = False) -> nn.Module:
+    """Small CNN for 28x28 inputs (MNIST family): two 5x5 conv + pool blocks, one dense layer.
+
+    ``batch_norm=True`` (model ``cnn28-bn``) puts a BatchNorm after each conv and after the dense
+    layer, before its ReLU, as FedBN's ``DigitModel`` does (Li et al., ICLR 2021): a small model
+    whose normalisation layers FedBN and friends can keep local."""
     channels = input_shape[0]
+
+    def norm(width: int, dims: int) -> list[nn.Module]:
+        return [(nn.BatchNorm2d if dims == 2 else nn.BatchNorm1d)(width)] if batch_norm else []
+
     return nn.Sequential(
-        nn.Conv2d(channels, 16, 5), nn.ReLU(), nn.MaxPool2d(2),   # 28 -> 24 -> 12
-        nn.Conv2d(16, 32, 5), nn.ReLU(), nn.MaxPool2d(2),         # 12 -> 8 -> 4
+        nn.Conv2d(channels, 16, 5), *norm(16, 2), nn.ReLU(), nn.MaxPool2d(2),   # 28 -> 24 -> 12
+        nn.Conv2d(16, 32, 5), *norm(32, 2), nn.ReLU(), nn.MaxPool2d(2),         # 12 -> 8 -> 4
         nn.Flatten(),
-        nn.Linear(32 * 4 * 4, feature_dim), nn.ReLU(),
+        nn.Linear(32 * 4 * 4, feature_dim), *norm(feature_dim, 1), nn.ReLU(),
     )
 
 

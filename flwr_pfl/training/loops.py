@@ -122,6 +122,7 @@ def train(
     keys: BatchKeys | None = None,
     frozen_norm: FrozenNorm = "eval",
     private: PrivateSteps | None = None,
+    clip_grad_norm: float = 0.0,
 ) -> TrainStats:
     """Train the parameter ``groups`` of ``model`` for ``epochs`` passes over ``loader``.
 
@@ -153,6 +154,10 @@ def train(
             loader's dataset, ``ceil(n / B)`` steps per epoch, each record's gradient (its loss,
             weighted by ``domain_weights``) clipped and the sum noised; the regularizer's
             gradient is added after the noise (no record enters it).
+        clip_grad_norm: when > 0, the step's total gradient norm (the regularizer's gradient
+            included) is clipped to this before every optimizer step (``clip_grad_norm_``, as
+            pFedHN's authors clip their inner steps); 0: no clipping. Under DP-SGD it acts on the
+            noised gradient (post-processing).
 
     Raises:
         FloatingPointError: the loss became NaN or Inf; the client's reply then counts as a
@@ -162,6 +167,8 @@ def train(
     """
     if epochs < 0:
         raise ValueError(f"epochs must be >= 0, got {epochs}")
+    if not clip_grad_norm >= 0:
+        raise ValueError(f"clip_grad_norm must be >= 0 (0: no clipping), got {clip_grad_norm}")
     check_frozen_norm(frozen_norm)
     loss_fn = loss_fn or supervised_loss(task)
     model.to(device).train()
@@ -193,6 +200,8 @@ def train(
                         p.grad = g
                     if regularizer is not None:
                         regularizer(model).backward()  # adds the data-free term's gradient
+                if clip_grad_norm > 0:
+                    torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)
                 opt.step()
                 steps += 1
                 if loss is not None:

@@ -476,8 +476,11 @@ def test_a_run_of_one_method_adds_to_the_tables_page_and_writes_the_sweep(tmp_pa
     page = (tmp_path / "fedgp-label-quick.md").read_text()
     assert "| FedGP_Auto |" in page and "| Target Only |" in page  # not only this invocation's method
     assert "--methods" not in page
-    sweep = json.loads((tmp_path / "fedgp-label-quick-lr.json").read_text())
-    assert list(sweep[table.columns[0].name]) == ["Target Only"] and sweep[table.columns[0].name]["Target Only"]["best"] == 2.0
+    # the sweep's page too: a sweep of one row adds it and keeps the rows swept before
+    sweep = json.loads((tmp_path / "fedgp-label-quick-lr.json").read_text())[table.columns[0].name]
+    assert sorted(sweep) == ["FedGP_Auto", "Target Only"] and sweep["Target Only"]["best"] == 2.0
+    assert sweep["FedGP_Auto"]["best"] == 1.0
+    assert "--methods" not in (tmp_path / "fedgp-label-quick-lr.md").read_text()
 
 
 

@@ -163,6 +163,56 @@ def test_the_mean_steps_size_does_not_grow_with_the_clients_of_a_round():
     assert moves["server_round", 3] / moves["server_round", 1] > 2.5
 
 
+def test_the_sum_step_moves_phi_once_along_the_sum_of_the_gradients_each_clipped_first():
+    """server_round_sum: each client's gradient scaled to the clip norm when longer (client a's is,
+    client b's is not), summed, one SGD step with momentum and weight decay as a single step."""
+    lr, m, wd = 0.07, 0.6, 0.01
+    hnet = linear_hnet()
+    p0 = [p.detach().numpy().copy() for p in hnet.parameters()]
+    da, db = deltas(1, scale=3.0), deltas(2, scale=0.2)
+    ga, gb = hand_gradients(hnet, 0, da), hand_gradients(hnet, 2, db)
+    na, nb = (float(np.sqrt(sum((g ** 2).sum() for g in grads))) for grads in (ga, gb))
+    clip = (na + nb) / 2
+    assert nb < clip < na
+    norms = core.server_round_sum(hnet, core.server_optimizer(hnet, lr, m, wd), [(0, da), (2, db)], clip_norm=clip)
+    for got, p, a, b in zip(hnet.parameters(), p0, ga, gb):
+        g = a * clip / (na + 1e-6) + b
+        np.testing.assert_allclose(got.detach().numpy(), p - lr * (g + wd * p), rtol=1e-10, atol=1e-12)
+    assert norms == pytest.approx([na, nb])
+    with pytest.raises(ValueError, match="one update per client and round; got clients \\[1, 1\\]"):
+        core.server_round_sum(hnet, core.server_optimizer(hnet), [(1, deltas(1)), (1, deltas(2))])
+    assert core.server_round_sum(hnet, core.server_optimizer(hnet), []) == []
+
+
+def test_with_one_client_the_sum_step_is_the_per_client_step_clip_included():
+    for clip in (0.0, 0.3):
+        one, other = linear_hnet(), linear_hnet()
+        core.server_round_sum(one, core.server_optimizer(one, 0.05, 0.9, 1e-3), [(1, deltas(4))], clip_norm=clip)
+        core.server_round(other, core.server_optimizer(other, 0.05, 0.9, 1e-3), [(1, deltas(4))], clip_norm=clip)
+        for a, b in zip(one.parameters(), other.parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_per_client_momentum_steps_compound_over_a_rounds_stale_gradients_the_sum_step_does_not():
+    """The same change from K = 10 clients with one embedding at momentum 0.9: the sum step moves
+    phi's shared tensors K times one client's step; the K per-client steps sum_j (1 - 0.9^j) / 0.1,
+    about 4.1 K times (the overshoot that made the default experiment diverge)."""
+    moves = {}
+    for step in (core.server_round, core.server_round_sum):
+        for k in (1, 10):
+            hnet = core.build_hypernetwork(10, SHAPES, seed=0, embed_dim=2, hidden_dim=4, n_hidden=0).double()
+            with torch.no_grad():
+                hnet.embeddings.weight[:] = hnet.embeddings.weight[0]  # every client's gradient alike
+            before = [p.detach().clone() for p in hnet.parameters()]
+            step(hnet, core.server_optimizer(hnet, 0.05, 0.9, 0.0), [(c, deltas(5)) for c in range(k)], clip_norm=0)
+            shared = [i for i, p in enumerate(hnet.parameters()) if p is not hnet.embeddings.weight]
+            moves[step.__name__, k] = float(sum((list(hnet.parameters())[i] - before[i]).norm() ** 2 for i in shared) ** 0.5)
+    compounding = sum((1 - 0.9 ** j) / 0.1 for j in range(1, 11))
+    assert moves["server_round_sum", 10] / moves["server_round_sum", 1] == pytest.approx(10, rel=1e-4)
+    assert moves["server_round", 10] / moves["server_round", 1] == pytest.approx(compounding, rel=1e-4)
+    assert compounding / 10 == pytest.approx(4.14, abs=0.01)
+
+
 def test_the_mean_step_refuses_two_updates_of_one_client():
     hnet = linear_hnet()
     with pytest.raises(ValueError, match="one update per client and round; got clients \\[1, 1\\]"):

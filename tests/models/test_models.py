@@ -13,6 +13,7 @@ from flwr_pfl.models import MODEL_NAMES, EncoderHeadModel, build_model
 CASES = {
     "mlp": ((1, 6, 6), 200, 0),
     "cnn28": ((1, 28, 28), 128, 0),
+    "cnn28-bn": ((1, 28, 28), 128, 0),
     "cnn32": ((3, 32, 32), 128, 0),
     "resnet18": ((3, 32, 32), 512, 0),
     "resnet18-gn": ((3, 32, 32), 512, 0),
@@ -61,7 +62,7 @@ def test_single_head_model_ignores_missing_domain():
 
 
 def test_custom_feature_dim_for_cnns():
-    for name, shape, dim in (("cnn28", (1, 28, 28), 32), ("cnn32", (3, 32, 32), 48)):
+    for name, shape, dim in (("cnn28", (1, 28, 28), 32), ("cnn28-bn", (1, 28, 28), 24), ("cnn32", (3, 32, 32), 48)):
         model = build_model(name, shape, 10, feature_dim=dim).eval()
         assert model.feature_dim == dim and model.heads[0].in_features == dim
         with torch.no_grad():
@@ -115,6 +116,22 @@ def test_multi_head_model_without_domains_raises():
 def test_cnn28_rejects_32x32_input():
     with pytest.raises(ConfigError, match="cnn28"):
         build_model("cnn28", (3, 32, 32), num_outputs=10)
+
+
+def test_cnn28_bn_is_cnn28_with_a_batchnorm_before_each_relu():
+    plain = build_model("cnn28", (1, 28, 28), num_outputs=10, feature_dim=24)
+    bn = build_model("cnn28-bn", (1, 28, 28), num_outputs=10, feature_dim=24)
+    assert _batchnorm_layers(plain) == []
+    kinds = [type(m) for m in bn.encoder]
+    relus = [i for i, k in enumerate(kinds) if k is nn.ReLU]
+    assert [kinds[i - 1] for i in relus] == [nn.BatchNorm2d, nn.BatchNorm2d, nn.BatchNorm1d]
+    assert [m.num_features for m in _batchnorm_layers(bn)] == [16, 32, 24]
+    # the same weights otherwise: cnn28's parameters plus the norms' (weight and bias each)
+    extra = sum(p.numel() for m in _batchnorm_layers(bn) for p in m.parameters())
+    assert sum(p.numel() for p in bn.parameters()) == sum(p.numel() for p in plain.parameters()) + extra == (
+        sum(p.numel() for p in plain.parameters()) + 2 * (16 + 32 + 24))
+    with pytest.raises(ConfigError, match="'cnn28-bn' needs 28x28 inputs"):
+        build_model("cnn28-bn", (3, 32, 32), num_outputs=10)
 
 
 def test_cnn32_rejects_28x28_input():

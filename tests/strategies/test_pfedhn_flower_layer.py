@@ -129,14 +129,19 @@ def fresh_stats() -> list[torch.Tensor]:
     return [torch.zeros(4), torch.ones(4), torch.tensor(0)]
 
 
-def replay_fit(received: list[np.ndarray], pid: int, stats: list[torch.Tensor], steps: int = K) -> list[np.ndarray]:
-    """``steps`` full-batch SGD steps with momentum and weight decay, by hand."""
+def replay_fit(received: list[np.ndarray], pid: int, stats: list[torch.Tensor], steps: int = K,
+               clip: float = 0.0) -> list[np.ndarray]:
+    """``steps`` full-batch SGD steps with momentum and weight decay, by hand; with ``clip``, each
+    step's loss gradient is first scaled to norm ``clip`` when it is longer."""
     x, y = data(pid)
     p = [torch.tensor(a) for a in received]
     bufs: list[torch.Tensor] = []
     for step in range(steps):
         q = [t.clone().requires_grad_() for t in p]
         grads = torch.autograd.grad(mean_nll(forward(q, x, stats, True), y), q)
+        if clip:
+            norm = torch.sqrt(sum((g.double() ** 2).sum() for g in grads)).float()
+            grads = [g * torch.clamp(clip / (norm + 1e-6), max=1.0) for g in grads]
         d = [g + WD * t for g, t in zip(grads, p)]
         bufs = d if step == 0 else [MOMENTUM * b + dk for b, dk in zip(bufs, d)]
         p = [t - LR * b for t, b in zip(p, bufs)]
@@ -172,6 +177,22 @@ def test_fit_runs_k_inner_steps_from_the_received_model_and_keeps_the_buffers_on
         arrays2, _, _ = again.fit([a.copy() for a in second], {"server-round": 2})
         close(arrays2, replay_fit(second, pid, stats), atol=2e-6)
         assert int(ctx.state[PFedHNClient.BUFFERS_KEY].to_numpy_ndarrays()[2]) == 2 * K
+
+
+def test_each_inner_step_clips_the_gradient_norm_as_the_authors_do():
+    received = param_arrays(5, scale=1.3)
+    x, y = data(0)
+    q = [torch.tensor(a).requires_grad_() for a in received]
+    first = torch.sqrt(sum((g ** 2).sum() for g in torch.autograd.grad(mean_nll(forward(q, x, fresh_stats(), True), y), q)))
+    clip = float(first) / 3  # active from the first step on
+    clipped, _, _ = client(0, context(0), inner_clip_norm=clip).fit([a.copy() for a in received], {"server-round": 1})
+    close(clipped, replay_fit(received, 0, fresh_stats(), clip=clip), atol=2e-6)
+    unclipped, _, _ = client(0, context(0), inner_clip_norm=0.0).fit([a.copy() for a in received], {"server-round": 1})
+    close(unclipped, replay_fit(received, 0, fresh_stats()), atol=2e-6)
+    assert not np.allclose(clipped[0], unclipped[0], atol=1e-4)
+    for bad in (-1.0, float("inf"), float("nan"), True):
+        with pytest.raises(ConfigError, match=r"pfedhn.inner-clip-norm.*>= 0"):
+            client(0, context(0), inner_clip_norm=bad)
 
 
 def test_inner_steps_run_on_across_passes_and_zero_means_local_epochs():
@@ -246,8 +267,9 @@ def hand_round(hnet: nn.Module, momentum: list[torch.Tensor] | None, replies: di
                round_step: str = "mean") -> list[torch.Tensor]:
     """The server's round by hand: gradients of <h(v_i; phi), theta_i - theta~_i> at the round's
     phi by backward(); then ``per-client``: per partition (ascending) clipping and SGD written
-    out, or ``mean``: one clipped SGD step along the mean gradient off the embedding table and
-    the sum on it (each row its own client's). Returns the momentum; ``hnet`` is updated in place."""
+    out, ``mean``: one clipped SGD step along the mean gradient off the embedding table and
+    the sum on it (each row its own client's), or ``sum``: one SGD step along the sum of the
+    gradients each clipped. Returns the momentum; ``hnet`` is updated in place."""
     params = list(hnet.parameters())
     grads = []
     for pid in sorted(replies):
@@ -256,13 +278,19 @@ def hand_round(hnet: nn.Module, momentum: list[torch.Tensor] | None, replies: di
         delta = [t.detach() - torch.tensor(a) for t, a in zip(theta, replies[pid])]
         sum((t * d).sum() for t, d in zip(theta, delta)).backward()
         grads.append([p.grad.clone() for p in params])
-    if round_step == "mean":
-        grads = [[sum(g[k] for g in grads) / (1 if p is hnet.embeddings.weight else len(grads))
-                  for k, p in enumerate(params)]]
-    for g in grads:
+    def clipped(g: list[torch.Tensor]) -> list[torch.Tensor]:
         norm = torch.sqrt(sum((x.double() ** 2).sum() for x in g)).float()
-        if clip:
-            g = [x * torch.clamp(clip / (norm + 1e-6), max=1.0) for x in g]
+        return [x * torch.clamp(clip / (norm + 1e-6), max=1.0) for x in g] if clip else g
+
+    if round_step == "mean":
+        grads = [clipped([sum(g[k] for g in grads) / (1 if p is hnet.embeddings.weight else len(grads))
+                          for k, p in enumerate(params)])]
+    elif round_step == "sum":
+        each = [clipped(g) for g in grads]
+        grads = [[sum(g[k] for g in each) for k in range(len(params))]]
+    else:
+        grads = [clipped(g) for g in grads]
+    for g in grads:
         with torch.no_grad():
             d = [x + wd * p for x, p in zip(g, params)]
             momentum = d if momentum is None else [m * b + dk for b, dk in zip(momentum, d)]
@@ -435,7 +463,46 @@ def test_round_step_mean_makes_one_step_along_the_mean_gradient_not_weighted_by_
         np.testing.assert_allclose(got, expected.detach().numpy(), rtol=2e-5, atol=2e-7)
     assert all(np.array_equal(a, b) for a, b in zip(results[SIZES], results[(1, 1, 1, 1)]))
     with pytest.raises(ConfigError, match="pfedhn.round-step"):
-        strategy(round_step="sum")
+        strategy(round_step="median")
+
+
+def test_round_step_sum_makes_one_step_along_the_sum_of_the_gradients_each_clipped():
+    results, norms = {}, {}
+    for sizes in (SIZES, (1, 1, 1, 1)):
+        s = strategy(round_step="sum")
+        sent = round_one(s)
+        replies = {pid: trained(sent[pid], pid) for pid in (2, 0, 1)}
+        _, metrics = s.aggregate_fit(1, [(FakeProxy(str(100 + 7 * pid), pid), fit_res(replies[pid], sizes[pid], pid))
+                                         for pid in (2, 0, 1)], [])
+        results[sizes] = [p.detach().numpy().copy() for p in s.hnet.parameters()]
+        norms[sizes] = metrics
+    # the clip (0.8) acts on each reply: every reply's gradient is longer than it
+    assert norms[SIZES]["hn_grad_norm_min"] > HN["server_clip_norm"]
+    ref = reference_hnet()
+    hand_round(ref, None, replies, round_step="sum")
+    for got, expected in zip(results[SIZES], ref.parameters()):
+        np.testing.assert_allclose(got, expected.detach().numpy(), rtol=2e-5, atol=2e-7)
+    assert all(np.array_equal(a, b) for a, b in zip(results[SIZES], results[(1, 1, 1, 1)]))
+    # neither the mean nor one step per client
+    for other in ("mean", "per-client"):
+        alt = reference_hnet()
+        hand_round(alt, None, replies, round_step=other)
+        assert not all(np.allclose(g, a.detach().numpy(), atol=1e-6) for g, a in zip(results[SIZES], alt.parameters()))
+
+
+def test_with_one_client_a_round_every_round_step_is_the_authors_step():
+    steps = []
+    for round_step in core.ROUND_STEPS:
+        s = strategy(round_step=round_step)
+        sent = round_one(s)
+        reply = trained(sent[1], 1)
+        s.aggregate_fit(1, [(FakeProxy(str(107), 1), fit_res(reply, SIZES[1], 1))], [])
+        steps.append([p.detach().numpy().copy() for p in s.hnet.parameters()])
+    ref = reference_hnet()
+    hand_round(ref, None, {1: reply}, round_step="per-client")
+    for got in steps:
+        for g, expected in zip(got, ref.parameters()):
+            np.testing.assert_allclose(g, expected.detach().numpy(), rtol=2e-5, atol=2e-7)
 
 
 def test_two_rounds_through_fresh_client_objects_train_the_hypernetwork_and_evaluate_its_models():
@@ -492,19 +559,22 @@ def test_the_run_config_keys_reach_the_client_and_the_strategy_and_bad_values_na
     assert (defaults.embed_dim, defaults.hidden_dim, defaults.n_hidden, defaults.inner_steps) == (0, 100, 3, 50)
     assert (defaults.server_lr, defaults.server_momentum, defaults.server_weight_decay, defaults.server_clip_norm) == (
         0.01, 0.9, 0.001, 50.0)
-    assert defaults.round_step == "per-client" and PFedHN(num_clients=2).round_step == "per-client"
+    assert defaults.round_step == "sum" and PFedHN(num_clients=2).round_step == "sum" and defaults.inner_clip_norm == 50.0
     experiment = parse_experiment({"algorithm": "pfedhn", "pfedhn.embed-dim": 3, "pfedhn.hidden-dim": 6,
                                    "pfedhn.n-hidden": 1, "pfedhn.server-lr": 0.05, "pfedhn.server-momentum": 0.5,
                                    "pfedhn.server-weight-decay": 0.01, "pfedhn.server-clip-norm": 0.8,
-                                   "pfedhn.inner-steps": 7, "pfedhn.round-step": "mean"})
-    assert spec.client_kwargs(experiment.options) == {"inner_steps": 7}
+                                   "pfedhn.inner-steps": 7, "pfedhn.round-step": "mean",
+                                   "pfedhn.inner-clip-norm": 2.5})
+    assert spec.client_kwargs(experiment.options) == {"inner_steps": 7, "inner_clip_norm": 2.5}
     assert spec.strategy_kwargs(experiment.options) == HN
     s = spec.strategy(num_clients=4, **spec.strategy_kwargs(experiment.options))
     assert (s.embed_dim, s.hidden_dim, s.n_hidden, s.server_lr, s.server_momentum, s.server_weight_decay,
             s.server_clip_norm) == (3, 6, 1, 0.05, 0.5, 0.01, 0.8)
-    assert client(0, context(0), **spec.client_kwargs(experiment.options)).inner_steps == 7
-    with pytest.raises(ConfigError, match="pfedhn.round-step='sum' is not allowed; choose one of 'mean', 'per-client'"):
-        parse_experiment({"algorithm": "pfedhn", "pfedhn.round-step": "sum"})
-    for key, value, allowed in (("embed-dim", -1, ">= 0"), ("inner-steps", -2, ">= 0"), ("server-weight-decay", -0.1, ">= 0")):
+    built = client(0, context(0), **spec.client_kwargs(experiment.options))
+    assert (built.inner_steps, built.inner_clip_norm) == (7, 2.5)
+    with pytest.raises(ConfigError, match="pfedhn.round-step='median' is not allowed; choose one of 'sum', 'mean', 'per-client'"):
+        parse_experiment({"algorithm": "pfedhn", "pfedhn.round-step": "median"})
+    for key, value, allowed in (("embed-dim", -1, ">= 0"), ("inner-steps", -2, ">= 0"), ("server-weight-decay", -0.1, ">= 0"),
+                                ("inner-clip-norm", -0.5, ">= 0")):
         with pytest.raises(ConfigError, match=f"pfedhn.{key} must be .*{allowed}"):
             parse_experiment({"algorithm": "pfedhn", f"pfedhn.{key}": value})

@@ -118,6 +118,22 @@ def test_train_matches_manual_sgd_step():
             torch.testing.assert_close(dict(model.named_parameters())[name], p - 0.1 * g)
 
 
+def test_clip_grad_norm_scales_a_longer_step_gradient_to_the_norm_and_leaves_a_shorter_one():
+    split = _blobs()
+    reference = _model()
+    loss = F.cross_entropy(reference(split.x, split.domain), split.y)
+    grads = torch.autograd.grad(loss, list(reference.parameters()))
+    norm = float(torch.sqrt(sum((g ** 2).sum() for g in grads)))
+    for clip, factor in ((norm / 4, 0.25), (norm * 2, 1.0)):
+        model = _model()
+        train(model, _full_batch(split), optimizer=SGD, device=CPU, clip_grad_norm=clip)
+        with torch.no_grad():
+            for (name, p), g in zip(reference.named_parameters(), grads):
+                torch.testing.assert_close(dict(model.named_parameters())[name], p - 0.1 * factor * g, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="clip_grad_norm must be >= 0"):
+        train(_model(), _full_batch(split), optimizer=SGD, device=CPU, clip_grad_norm=-1.0)
+
+
 @pytest.mark.parametrize(
     "groups, trained",
     [
