@@ -135,6 +135,41 @@ def summarize(table, figures: dict[str, dict[str, dict[int, float]]], extras: di
     return out
 
 
+def strongest_competitor(table, rows: dict[str, Any]) -> str:
+    """One sentence on the column's strongest competitor: the row other than the reference with
+    the best mean (log10 mean for a log metric), compared with the reference seed by seed (each
+    seed's difference, positive where the reference is better) and by the table's win rule.
+    "" when the column has no reference or no other row."""
+    ref = rows.get(table.reference)
+    others = {label: r for label, r in rows.items() if label != table.reference and r.get("paired")}
+    if ref is None or not others:
+        return ""
+    key = "log10_mean" if table.log else "mean"
+    pick = max if table.higher_is_better else min
+    label = pick(others, key=lambda name: others[name][key])
+    mine, theirs = ref["seeds"], others[label]["seeds"]
+    seeds = sorted(set(mine) & set(theirs), key=int)
+    diffs = {}
+    for seed in seeds:
+        a, b = float(mine[seed]), float(theirs[seed])
+        if table.log:
+            a, b = math.log10(a), math.log10(b)
+        diffs[seed] = (a - b) if table.higher_is_better else (b - a)
+    ahead = [seed for seed, d in diffs.items() if d > 0]
+    behind = [seed for seed, d in diffs.items() if d < 0]
+    verdict = {"ahead": f"{label} is better", "behind": f"{table.reference} is better",
+               "tie": "a tie (within spread)", "one seed": "one seed (no spread)"}[others[label]["paired"]["verdict"]]
+    where = []
+    if ahead:
+        where.append(f"{table.reference} ahead on seed{'s' if len(ahead) > 1 else ''} {', '.join(ahead)}")
+    if behind:
+        where.append(f"behind on seed{'s' if len(behind) > 1 else ''} {', '.join(behind)}")
+    per_seed = ", ".join(f"seed {seed} {d:+.4f}" for seed, d in diffs.items())
+    unit = " (log10)" if table.log else ""
+    return (f"**Strongest competitor:** {label} (the best mean of the other rows). {table.reference} minus {label}, "
+            f"seed by seed{unit}: {per_seed}; {'; '.join(where) or 'equal on every seed'}. By the win rule: {verdict}.")
+
+
 def not_run(table, summary: dict[str, Any]) -> list[str]:
     """The table's cells with no finished run, per column: the whole column or its missing methods.
 
@@ -199,6 +234,9 @@ def markdown(table, scale_name: str, summary: dict[str, Any], command: str, seco
             cells += [f"{r['extras'][k][0]:.4f} ± {r['extras'][k][1]:.4f}" if k in r["extras"] else "" for k in extra_keys]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+        strongest = strongest_competitor(table, rows)
+        if strongest:
+            lines += [strongest, ""]
         failures = [(label, seed, why) for label, r in rows.items() for seed, why in (r.get("failed") or {}).items()]
         if failures:
             lines += ["**Failed runs**, judged as the app judges a run (a round in which every client asked to train "
