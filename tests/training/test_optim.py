@@ -5,6 +5,7 @@ loop with the torch objects gives, and bad names or options must say what is val
 from __future__ import annotations
 
 import copy
+import inspect
 
 import pytest
 import torch
@@ -162,3 +163,91 @@ def test_names_are_case_insensitive_and_configs_compare_and_hash():
     assert a.scaled(0.5) == OptimizerConfig("adamw", 0.005, options={"betas": (0.9, 0.99)}, scheduler="steplr",
                                             scheduler_options={"step_size": 3})
     assert "sgd" in OPTIMIZERS and "onecyclelr" in SCHEDULERS and "lbfgs" not in OPTIMIZERS
+
+
+# ------------------------------------------------------------------ every refusal in full, at its boundary
+def refusal(**kwargs) -> str:
+    with pytest.raises(ConfigError) as err:
+        OptimizerConfig(**kwargs)
+    return str(err.value)
+
+
+def test_a_refused_or_unknown_name_gives_the_reason_and_the_whole_list_of_names():
+    names = ", ".join(OPTIMIZERS)
+    assert refusal(name="LBFGS") == (
+        "optimizer='LBFGS' is not supported: LBFGS needs a closure that re-evaluates the loss at every step, "
+        f"which the training loop does not give; allowed: {names}")
+    assert refusal(name="zzzz") == f"optimizer='zzzz' is unknown; allowed (torch names, any case): {names}"
+    assert refusal(name="adamx") == (
+        f"optimizer='adamx' is unknown (did you mean adamax, adam, radam?); allowed (torch names, any case): {names}")
+    assert refusal(scheduler="chainedscheduler") == (
+        "lr-scheduler='chainedscheduler' is not supported: ChainedScheduler takes other scheduler objects, not options; "
+        f"allowed: {', '.join(SCHEDULERS)}")
+    assert refusal(name=3) == "optimizer=3 must be a name (a string)"
+    assert "optimizer" not in OPTIMIZERS and "lrscheduler" not in SCHEDULERS and "reducelronplateau" not in SCHEDULERS
+    assert not any(name.startswith("_") for name in OPTIMIZERS + SCHEDULERS)
+
+
+def test_the_numeric_settings_are_refused_just_outside_their_ranges():
+    OptimizerConfig(learning_rate=1e-12, momentum=0.0, weight_decay=0.0)
+    OptimizerConfig(momentum=0.999)
+    assert refusal(learning_rate=0.0) == "OptimizerConfig(learning_rate=...) (run config learning-rate) must be > 0, got 0.0"
+    assert refusal(momentum=1.0) == "momentum must be in [0, 1), got 1.0"
+    assert refusal(momentum=-1e-9) == "momentum must be in [0, 1), got -1e-09"
+    assert refusal(weight_decay=-1e-9) == (
+        "OptimizerConfig(weight_decay=...) (run config weight-decay) must be >= 0, got -1e-09")
+    assert refusal(name="rprop", weight_decay=0.1) == "Rprop has no weight decay; set weight-decay to 0 (got 0.1)"
+    OptimizerConfig(name="rprop", weight_decay=0.0)
+
+
+def own_options(cls: type) -> str:
+    """The keyword options of a torch class after its first argument, less the ones the config
+    sets itself (lr, momentum, weight_decay), in signature order."""
+    params = list(inspect.signature(cls).parameters.values())[1:]
+    return ", ".join(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                     and p.name not in ("lr", "momentum", "weight_decay"))
+
+
+def torch_error(build) -> str:
+    with pytest.raises((TypeError, ValueError)) as err:
+        build()
+    return str(err.value)
+
+
+def test_option_names_are_checked_with_the_options_the_class_takes():
+    sgd_options = own_options(torch.optim.SGD)
+    assert sgd_options.startswith("dampening, nesterov")
+    assert refusal(options={"zzzz": 1}) == f"SGD has no option 'zzzz'; its options: {sgd_options}"
+    assert refusal(options={"nesterv": True}) == f"SGD has no option 'nesterv' (did you mean nesterov?); its options: {sgd_options}"
+    assert refusal(options={"params": 1}) == "SGD's 'params' cannot be set in the optimizer options"
+    assert refusal(options={"momentum": 0.5}) == "SGD's 'momentum' cannot be set in the optimizer options: set it with momentum"
+    assert refusal(options={"weight_decay": 0.5}) == (
+        "SGD's 'weight_decay' cannot be set in the optimizer options: set it with weight_decay (run config: weight-decay)")
+    assert refusal(options={1: 2}) == "optimizer option names must be strings, got 1"
+    assert refusal(scheduler="steplr", scheduler_options={2: 1}) == "lr-scheduler option names must be strings, got 2"
+    assert refusal(scheduler="steplr", scheduler_options={"optimizer": 1, "step_size": 2}) == (
+        "StepLR's 'optimizer' cannot be set in the lr-scheduler options")
+    assert refusal(scheduler_options={"gamma": 0.5}) == "lr-scheduler-options are set but no lr-scheduler is named"
+    assert OptimizerConfig(options=[("nesterov", False), ("dampening", 0.0)]).options == (
+        ("dampening", 0.0), ("nesterov", False))  # pairs accepted too, sorted by name
+
+
+def test_a_value_torch_refuses_names_the_class_and_its_options():
+    p = [torch.nn.Parameter(torch.zeros(2))]
+    said = torch_error(lambda: torch.optim.AdamW(p, betas=(1.2, 0.99)))
+    assert refusal(name="adamw", options={"betas": (1.2, 0.99)}) == (
+        f"optimizer AdamW refused its settings: {said} (its options: {own_options(torch.optim.AdamW)})")
+    said = torch_error(lambda: torch.optim.lr_scheduler.StepLR(torch.optim.SGD(p, lr=0.1)))
+    assert refusal(scheduler="steplr") == (
+        f"lr-scheduler StepLR refused its settings: {said} (its options: {own_options(torch.optim.lr_scheduler.StepLR)})")
+    assert own_options(torch.optim.lr_scheduler.StepLR).startswith("step_size, gamma")
+
+
+def test_momentum_and_weight_decay_reach_only_the_optimizers_that_take_them():
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    sgd = make_optimizer(params, OptimizerConfig("sgd", 0.1, momentum=0.7, weight_decay=0.01))
+    assert (sgd.defaults["lr"], sgd.defaults["momentum"], sgd.defaults["weight_decay"]) == (0.1, 0.7, 0.01)
+    adam = make_optimizer(params, OptimizerConfig("adam", 0.2, momentum=0.7, weight_decay=0.03))
+    assert "momentum" not in adam.defaults and (adam.defaults["lr"], adam.defaults["weight_decay"]) == (0.2, 0.03)
+    rprop = make_optimizer(params, OptimizerConfig("rprop", 0.3, momentum=0.7))
+    assert "momentum" not in rprop.defaults and "weight_decay" not in rprop.defaults
