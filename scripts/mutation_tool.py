@@ -109,6 +109,13 @@ OWN_SELECTION: dict[str, tuple[str, ...]] = {
     "flwr_pfl/serverapp/strategy.py": ("tests/serverapp/test_translation.py", "tests/serverapp/test_user_model.py",
                                        "tests/serverapp/test_names_by_name.py", "tests/strategies/test_no_training.py",
                                        "tests/strategies/test_flower_dp_wrappers.py"),
+    # every client trains through these: in the shared workspace each of their mutants would run
+    # hundreds of Flower-layer tests (minutes a mutant); their own tests pin them down
+    "flwr_pfl/training/optim.py": ("tests/training/test_optim.py", "tests/training/test_loops.py"),
+    "flwr_pfl/training/norms.py": ("tests/training/test_frozen_norm.py", "tests/training/test_loops.py"),
+    "flwr_pfl/models/split.py": ("tests/models", "tests/strategies/test_every_mode_models.py"),
+    "flwr_pfl/strategies/sampling.py": ("tests/properties/test_sampling_properties.py", "tests/strategies/test_participation.py",
+                                        "tests/strategies/test_flower_habits.py"),
 }
 SCOPE.update(OWN_SELECTION)
 
