@@ -100,6 +100,8 @@ def _normalize(kind: str, options: Mapping[str, Any] | Iterable[tuple[str, Any]]
     for key, value in pairs:
         if not isinstance(key, str):
             raise ConfigError(f"{kind} option names must be strings, got {key!r}")
+        if any(key == seen for seen, _ in out):
+            raise ConfigError(f"{kind} option {key!r} is given twice")
         out.append((key, tuple(value) if isinstance(value, list) else value))
     return tuple(sorted(out, key=lambda kv: kv[0]))
 

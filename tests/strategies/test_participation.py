@@ -119,3 +119,17 @@ def test_without_round_timeout_nothing_warns_and_the_duration_is_still_recorded(
         strategy._notify(1, "evaluate", {}, {0: {}})
     assert rows.rows[-1][1]["exchange_seconds"] >= 0.0
     assert not [r for r in caplog.records if "round-timeout" in r.getMessage()]
+
+
+def test_replies_sort_by_partition_id_then_node_id_and_outside_clients_come_first():
+    from flwr_pfl.strategies.sampling import in_partition_order, reply_order
+
+    def reply(cid: str, metrics: dict) -> tuple[FakeProxy, FitRes]:
+        return FakeProxy(cid, 0), FitRes(Status(Code.OK, ""), ndarrays_to_parameters([]), 1, metrics)
+
+    assert reply_order(reply("17", {"partition_id": 3})) == (3, "17")
+    assert reply_order(reply("17", {})) == (-1, "17")  # a client from outside the suite
+    assert reply_order(reply("18", {"partition_id": "x"})) == (-1, "18")  # not a number
+    pairs = [reply("9", {"partition_id": 1}), reply("30", {}), reply("12", {"partition_id": 0}),
+             reply("8", {"partition_id": 1}), reply("31", {"partition_id": "x"}), reply("2", {"partition_id": -5})]
+    assert [p.cid for p, _ in in_partition_order(pairs)] == ["2", "30", "31", "12", "8", "9"]

@@ -25,6 +25,7 @@ from flwr_pfl.clients import FedDARClient, FedFMTLClient, FedRepClient, LocalDat
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.strategies.feddar import PHASE_KEY
 from flwr_pfl.training import FROZEN_NORMS, OptimizerConfig, frozen_norm_modules, frozen_norms, train
+from flwr_pfl.training.norms import check_frozen_norm
 
 CLASSES, DOMAINS, WIDTH = 3, 2, 8
 #: BatchNorm modules of BNNet, by the user's module names
@@ -302,3 +303,7 @@ def test_the_run_config_key_reaches_the_train_config_and_is_checked():
         parse_experiment({"frozen-norm": "batch"})
     with pytest.raises(ValueError, match="frozen-norm='batch'"):
         TrainConfig(frozen_norm="batch")  # type: ignore[arg-type]
+    with pytest.raises(ValueError) as err:
+        check_frozen_norm("Eval")
+    assert str(err.value) == ("frozen-norm='Eval' is not allowed; choose 'eval' (a frozen part's BatchNorm statistics stay "
+                              "as they are) or 'train' (they move, as in the reference codes)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import types
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from flwr_pfl.errors import ConfigError
 from flwr_pfl.models.base import EncoderHeadModel
 from flwr_pfl.training import get_arrays, train
+from flwr_pfl.training import optim
 from flwr_pfl.training.optim import OPTIMIZERS, SCHEDULERS, OptimizerConfig, make_optimizer
 
 CPU = torch.device("cpu")
@@ -230,6 +232,7 @@ def test_option_names_are_checked_with_the_options_the_class_takes():
     assert refusal(scheduler_options={"gamma": 0.5}) == "lr-scheduler-options are set but no lr-scheduler is named"
     assert OptimizerConfig(options=[("nesterov", False), ("dampening", 0.0)]).options == (
         ("dampening", 0.0), ("nesterov", False))  # pairs accepted too, sorted by name
+    assert refusal(options=[("dampening", 0.1), ("dampening", 0.0)]) == "optimizer option 'dampening' is given twice"
 
 
 def test_a_value_torch_refuses_names_the_class_and_its_options():
@@ -251,3 +254,21 @@ def test_momentum_and_weight_decay_reach_only_the_optimizers_that_take_them():
     assert "momentum" not in adam.defaults and (adam.defaults["lr"], adam.defaults["weight_decay"]) == (0.2, 0.03)
     rprop = make_optimizer(params, OptimizerConfig("rprop", 0.3, momentum=0.7))
     assert "momentum" not in rprop.defaults and "weight_decay" not in rprop.defaults
+
+
+def test_the_offered_classes_are_every_public_subclass_of_the_base_but_the_base():
+    class Base:
+        pass
+
+    class One(Base):
+        pass
+
+    class _Hidden(Base):
+        pass
+
+    module = types.SimpleNamespace(Base=Base, OneOpt=One, _Hidden=_Hidden, Other=int, value=3, Alias=One)
+    assert optim._classes(module, Base) == {"oneopt": One, "alias": One}
+    expected = {name.lower(): cls for name, cls in vars(torch.optim).items()
+                if inspect.isclass(cls) and issubclass(cls, torch.optim.Optimizer) and cls is not torch.optim.Optimizer
+                and not name.startswith("_")}
+    assert optim._classes(torch.optim, torch.optim.Optimizer) == expected
