@@ -230,6 +230,9 @@ def test_option_names_are_checked_with_the_options_the_class_takes():
     assert refusal(scheduler="steplr", scheduler_options={"optimizer": 1, "step_size": 2}) == (
         "StepLR's 'optimizer' cannot be set in the lr-scheduler options")
     assert refusal(scheduler_options={"gamma": 0.5}) == "lr-scheduler-options are set but no lr-scheduler is named"
+    assert refusal(scheduler="cycliclr", scheduler_options={"cycle_momentm": True}) == (
+        "CyclicLR has no option 'cycle_momentm' (did you mean cycle_momentum, base_momentum, max_momentum?); its options: "
+        f"{own_options(torch.optim.lr_scheduler.CyclicLR)}")  # three suggestions at most (scale_mode is a fourth)
     assert OptimizerConfig(options=[("nesterov", False), ("dampening", 0.0)]).options == (
         ("dampening", 0.0), ("nesterov", False))  # pairs accepted too, sorted by name
     assert refusal(options=[("dampening", 0.1), ("dampening", 0.0)]) == "optimizer option 'dampening' is given twice"
