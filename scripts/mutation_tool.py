@@ -126,8 +126,8 @@ SCOPE.update(OWN_SELECTION)
 SHARED_WORKSPACES: dict[str, tuple[str, ...]] = {
     "flower-layer": tuple(
         m for m in SCOPE
-        if m not in OWN_SELECTION and m.split("/")[1] in ("strategies", "clients", "training", "serverapp")
-        or m in ("flwr_pfl/clientapp.py", "flwr_pfl/models/split.py")
+        if m not in OWN_SELECTION and (m.split("/")[1] in ("strategies", "clients", "training", "serverapp")
+                                       or m in ("flwr_pfl/clientapp.py", "flwr_pfl/models/split.py"))
     ),
 }
 
