@@ -145,6 +145,11 @@ def chain_rule_gradients(hnet: HyperNetwork, client: int, delta: Sequence[torch.
     return list(torch.autograd.grad(outputs, tensors, grad_outputs=grad_outputs))
 
 
+def total_norm(tensors: Sequence[torch.Tensor]) -> float:
+    """The 2-norm of ``tensors`` taken together (what ``clip_grad_norm_`` measures)."""
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in tensors])))
+
+
 def apply_step(hnet: nn.Module, optimizer: torch.optim.Optimizer, grads: Sequence[torch.Tensor],
                clip_norm: float = CLIP_NORM) -> float:
     """One optimizer step of ``hnet`` along ``grads`` (its parameters' order), the total norm
@@ -157,7 +162,7 @@ def apply_step(hnet: nn.Module, optimizer: torch.optim.Optimizer, grads: Sequenc
     if clip_norm > 0:
         norm = float(torch.nn.utils.clip_grad_norm_(params, clip_norm))
     else:
-        norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params])))
+        norm = total_norm([p.grad for p in params])
     optimizer.step()
     for p in params:
         p.grad = None
@@ -194,7 +199,7 @@ def _round_gradients(hnet: HyperNetwork, updates: Sequence[tuple[int, Sequence[t
     norms = []
     for client, delta in updates:
         grads = chain_rule_gradients(hnet, client, delta)  # phi does not move inside the loop
-        norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+        norm = total_norm(grads)
         norms.append(norm)
         if clip_each > 0 and (factor := clip_each / (norm + 1e-6)) < 1.0:  # clip_grad_norm_'s factor
             grads = [g * factor for g in grads]

@@ -237,12 +237,15 @@ def _toy_table() -> Table:
     )
 
 
-def test_table_page_shows_mean_std_paper_and_verdicts(tmp_path):
-    table = _toy_table()
-    values = {"new": [0.80, 0.82, 0.81], "base": [0.70, 0.71, 0.72], "noisy": [0.60, 0.95, 0.70]}
+def _toy_page(tmp_path, values: dict[str, list[float]]) -> str:
+    """The toy table's page from one figure per method and seed (seed = list position)."""
     results = {R.Run("col", m, s, {}, tmp_path / "x"): {"rows": _rows(v), "seconds": 60.0}
                for m, vs in values.items() for s, v in enumerate(vs)}
-    page = R.write_table(table, "quick", results, "cmd", docs=tmp_path).read_text()
+    return R.write_table(_toy_table(), "quick", results, "cmd", docs=tmp_path).read_text()
+
+
+def test_table_page_shows_mean_std_paper_and_verdicts(tmp_path):
+    page = _toy_page(tmp_path, {"new": [0.80, 0.82, 0.81], "base": [0.70, 0.71, 0.72], "noisy": [0.60, 0.95, 0.70]})
     lines = {line.split(" | ")[0].strip("| "): line for line in page.splitlines() if line.startswith("| ")}
     assert "0.8100 ± 0.0100" in lines["new"] and "reference" in lines["new"] and "0.8000" in lines["new"]
     assert "-0.1000 ± 0.0100" in lines["base"] and "| worse |" in lines["base"] and "as paper" in lines["base"]
@@ -254,18 +257,14 @@ def test_table_page_shows_mean_std_paper_and_verdicts(tmp_path):
 
 
 def test_the_page_names_the_strongest_competitor_and_compares_it_seed_by_seed(tmp_path):
-    table = _toy_table()
     # "noisy" has the best mean of the other rows (0.7667 > 0.71) and beats "new" on seed 1 only
-    values = {"new": [0.80, 0.82, 0.81], "base": [0.70, 0.71, 0.72], "noisy": [0.60, 0.95, 0.75]}
-    results = {R.Run("col", m, s, {}, tmp_path / "x"): {"rows": _rows(v), "seconds": 60.0}
-               for m, vs in values.items() for s, v in enumerate(vs)}
-    page = R.write_table(table, "quick", results, "cmd", docs=tmp_path).read_text()
+    page = _toy_page(tmp_path, {"new": [0.80, 0.82, 0.81], "base": [0.70, 0.71, 0.72], "noisy": [0.60, 0.95, 0.75]})
     line = next(x for x in page.splitlines() if x.startswith("**Strongest competitor:**"))
     assert line == ("**Strongest competitor:** noisy (the best mean of the other rows). new minus noisy, seed by seed: "
                     "seed 0 +0.2000, seed 1 -0.1300, seed 2 +0.0600; new ahead on seeds 0, 2; behind on seed 1. "
                     "By the win rule: a tie (within spread).")
     # lower is better, on log10 values: the competitor with the lowest mean, differences of logs
-    low = dataclasses.replace(table, higher_is_better=False, log=True)
+    low = dataclasses.replace(_toy_table(), higher_is_better=False, log=True)
     rows = report.summarize(low, {"col": {"new": {0: 1e-4, 1: 1e-4}, "base": {0: 1e-2, 1: 1e-3}, "noisy": {0: 1.0, 1: 1.0}}}, {})
     assert report.strongest_competitor(low, rows["col"]) == (
         "**Strongest competitor:** base (the best mean of the other rows). new minus base, seed by seed (log10): "

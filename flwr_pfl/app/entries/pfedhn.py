@@ -22,8 +22,9 @@ class PFedHNOptions:
     ``mean``: along their mean, for many clients per round; ``per-client``: one step per reply;
     all the same with one client per round),
     and ``inner_steps`` K = 50 local optimizer steps per round (0: ``local-epochs`` full passes
-    instead), each with its gradient norm clipped to ``inner_clip_norm`` 50 (0: off). The inner optimizer is the run's (``learning-rate``, ``momentum``,
-    ``weight-decay``; authors: 5e-3, 0.9, 5e-5)."""
+    instead), each with its gradient norm clipped to ``inner_clip_norm`` 50 (0: off). The inner
+    optimizer is the run's (``learning-rate``, ``momentum``, ``weight-decay``; authors: 5e-3, 0.9,
+    5e-5)."""
 
     embed_dim: int = 0
     hidden_dim: int = core.HIDDEN_DIM
