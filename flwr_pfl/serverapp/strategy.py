@@ -311,9 +311,11 @@ class PFLMessageStrategy(Strategy):
             check_wrapped(self.logic, wrapper)
         manager = self.manager(grid)
         parameters = self.parameters_of(arrays, manager)
-        if wrapper is not None and len(arrays) == 0 and hasattr(wrapper, "current_arrays"):
-            # Flower's server-side DP wrappers clip each reply against the arrays start() was given;
-            # started without any (this strategy asks a node), they get the arrays this round sends
+        if wrapper is not None and hasattr(wrapper, "current_arrays"):
+            # Flower's server-side DP wrappers clip each reply against the arrays their loop passed
+            # here; the replies carry the wire arrays this round sends, which differ from those when
+            # the loop passes none (a node gives them) or the user's whole state_dict (an algorithm
+            # that shares a part of the model)
             wrapper.current_arrays = messages.pack_arrays(parameters_to_ndarrays(parameters), self.wire_names)
         if not self._started:  # the legacy loop evaluates the initial arrays before round 1
             self._started = True

@@ -199,3 +199,54 @@ def test_message_api_dp_wrappers_compose_with_the_fedavg_family(tmp_path, blobs_
     assert len(noiseless) == 2
     for held, plain in zip(logic.global_arrays, noiseless[-1], strict=True):
         assert held.dtype == plain.dtype and not np.allclose(held, plain, atol=1e-3)
+
+
+@pytest.mark.parametrize("model", ["head in the middle", "head last"])
+def test_a_server_side_wrapper_clips_against_the_part_an_algorithm_shares(model):
+    """Flower's server-side wrapper around FedRep started with the user's whole state_dict: the
+    replies carry the shared body only, so each is clipped against the body this round sent (the
+    whole state_dict has more arrays, and with the head registered in the middle, others at the
+    same positions). The run completes, Result holds the whole state_dict, and the arrays the
+    wrapper clipped against in the last round are the body that round sent."""
+    import torch
+    from flwr.app import Array
+    from flwr.clientapp import ClientApp
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from fakes import BatchNormDropoutNet, MiddleHeadNet
+    from flwr_pfl import messages
+    from flwr_pfl.app.inprocess import InProcessGrid
+    from flwr_pfl.clientapp import register_handlers
+    from flwr_pfl.clients import FedRepClient, LocalData, TrainConfig
+    from flwr_pfl.serverapp import FedRep as MessageFedRep
+
+    net, head = (MiddleHeadNet, "layers.head") if model == "head in the middle" else (BatchNormDropoutNet, "fc2")
+
+    def build(context):
+        pid = int(context.node_config["partition-id"])
+        generator = torch.Generator().manual_seed(pid)
+        x, y = torch.randn(30 + 6 * pid, 6, generator=generator), torch.randint(0, 3, (30 + 6 * pid,), generator=generator)
+        data = LocalData(train=DataLoader(TensorDataset(x[8:], y[8:]), batch_size=8), test=DataLoader(TensorDataset(x[:8], y[:8])))
+        torch.manual_seed(0)
+        return FedRepClient(context, net(), data, TrainConfig(), head=head, head_epochs=1)
+
+    app = register_handlers(ClientApp(), build)
+    torch.manual_seed(0)
+    whole = ArrayRecord({k: Array(v.numpy()) for k, v in net().state_dict().items()})
+    strategy = MessageFedRep(num_clients=3)
+    sent = []
+    own = strategy.configure_train
+
+    def spy(server_round, arrays, config, grid):
+        out = list(own(server_round, arrays, config, grid))
+        sent.append(out[0].content.array_records[messages.ARRAYS])
+        return out
+
+    strategy.configure_train = spy  # type: ignore[method-assign]
+    wrapper = message_api.DifferentialPrivacyServerSideFixedClipping(strategy, 0.1, 0.5, 3)
+    result = wrapper.start(grid=InProcessGrid(app, 3, {}), initial_arrays=whole, num_rounds=2, timeout=60)  # type: ignore[arg-type]
+    assert list(result.arrays.keys()) == list(whole.keys())
+    body = [name for name in whole.keys() if not name.startswith(head)]
+    assert list(sent[-1].keys()) == list(wrapper.current_arrays.keys()) == body
+    for name in body:
+        np.testing.assert_array_equal(wrapper.current_arrays[name].numpy(), sent[-1][name].numpy())
