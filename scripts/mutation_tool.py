@@ -106,7 +106,8 @@ OWN_SELECTION: dict[str, tuple[str, ...]] = {
     "flwr_pfl/strategies/wrappers.py": ("tests/strategies/test_flower_dp_wrappers.py",),
     "flwr_pfl/serverapp/layout.py": ("tests/serverapp/test_layout.py", "tests/serverapp/test_user_model.py",
                                      "tests/serverapp/test_translation.py", "tests/properties/test_wire_properties.py"),
-    "flwr_pfl/serverapp/strategy.py": ("tests/serverapp/test_translation.py", "tests/serverapp/test_user_model.py",
+    "flwr_pfl/serverapp/strategy.py": ("tests/serverapp/test_translation.py", "tests/serverapp/test_message_strategy_steps.py",
+                                       "tests/serverapp/test_user_model.py",
                                        "tests/serverapp/test_names_by_name.py", "tests/strategies/test_no_training.py",
                                        "tests/strategies/test_flower_dp_wrappers.py"),
     # every client trains through these: in the shared workspace each of their mutants would run
