@@ -384,7 +384,7 @@ class PFLMessageStrategy(Strategy):
         pending: dict[int, MessageNode] = {}
         out = []
         for proxy, ins in instructions:
-            node = proxy if isinstance(proxy, MessageNode) else self._manager.node(int(proxy.cid))
+            node = self._manager.node(int(proxy.cid))  # the proxy the logic sampled, or one like it
             build = node.train_message if phase == TRAIN else node.evaluate_message
             out.append(build(ins, timeout, server_round, user))
             pending[node.node_id] = node
