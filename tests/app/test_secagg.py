@@ -379,7 +379,7 @@ def test_a_threshold_equal_to_the_neighbourhood_is_allowed_one_more_is_not():
     ("threshold", 2.5, False),
     ("clipping_range", 1e-3, True), ("clipping_range", 0.0, False), ("clipping_range", -8.0, False),
     ("quantization_range", 1 << 31, True), ("quantization_range", 1 << 32, False), ("quantization_range", 3 << 20, False),
-    ("quantization_range", 0, False),
+    ("quantization_range", 0, False), ("quantization_range", 1, True), ("quantization_range", 2, True),
     ("max_weight", 1.0, True), ("max_weight", 0.99, False),
 ])
 def test_each_setting_has_its_range(field, value, ok):
@@ -409,6 +409,9 @@ def test_check_maskable_boundaries_are_inclusive():
         check_maskable([np.array([16.001])], num_examples=500, max_weight=1000.0, clipping_range=8.0)
     with pytest.raises(ValueError, match="NaN or Inf"):
         check_maskable([np.array([np.inf])], num_examples=5, max_weight=1000.0, clipping_range=8.0)
+    # an integer array's most negative value counts by its magnitude (int8's abs(-128) is -128)
+    with pytest.raises(ValueError, match=r"array 0 of the reply holds 128,"):
+        check_maskable([np.array([-128, 5], dtype=np.int8)], num_examples=10, max_weight=10.0, clipping_range=100.0)
 
 
 def test_the_client_mod_passes_other_messages_by_and_refuses_a_stage_in_a_plain_run():
