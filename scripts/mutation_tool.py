@@ -117,6 +117,15 @@ OWN_SELECTION: dict[str, tuple[str, ...]] = {
     "flwr_pfl/models/split.py": ("tests/models", "tests/strategies/test_every_mode_models.py"),
     "flwr_pfl/strategies/sampling.py": ("tests/properties/test_sampling_properties.py", "tests/strategies/test_participation.py",
                                         "tests/strategies/test_flower_habits.py"),
+    "flwr_pfl/strategies/decode.py": ("tests/strategies/test_decode.py", "tests/strategies/test_bad_client.py"),
+    "flwr_pfl/strategies/validation.py": ("tests/strategies/test_validation.py", "tests/strategies/test_bad_client.py",
+                                          "tests/strategies/test_reply_bounds.py"),
+    "flwr_pfl/serverapp/nodes.py": ("tests/serverapp/test_translation.py", "tests/serverapp/test_message_strategy_steps.py"),
+    "flwr_pfl/training/params.py": ("tests/training/test_params.py", "tests/training/test_loops.py"),
+    "flwr_pfl/training/batches.py": ("tests/training/test_batches.py", "tests/training/test_loops.py"),
+    "flwr_pfl/training/seed.py": ("tests/training/test_device_seed_state.py",),
+    "flwr_pfl/training/state.py": ("tests/training/test_device_seed_state.py",),
+    "flwr_pfl/training/device.py": ("tests/training/test_device_seed_state.py",),
 }
 SCOPE.update(OWN_SELECTION)
 
