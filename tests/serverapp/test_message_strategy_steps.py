@@ -329,3 +329,48 @@ def test_the_record_is_the_wire_arrays_when_the_users_model_cannot_hold_them():
 def test_only_numeric_metrics_reach_a_metric_record():
     record = numeric_record({"a": 1, "b": 2.5, "flag": True, "ids": "0 1 2", "none": None, "c": 0})
     assert dict(record) == {"a": 1, "b": 2.5, "c": 0}
+
+
+class CopyingFedRep(FedRep):
+    """A round loop of the user's own that hands each round a copy of the record it got back,
+    after ``edit(copy)``, instead of that record."""
+
+    edit = staticmethod(lambda record: None)
+
+    def start(self, grid, initial_arrays, num_rounds=3, timeout=3600, train_config=None, evaluate_config=None, evaluate_fn=None):
+        arrays = initial_arrays
+        for server_round in range(1, num_rounds + 1):
+            sent = list(self.configure_train(server_round, arrays, train_config or ConfigRecord(), grid))
+            returned, _ = self.aggregate_train(server_round, grid.send_and_receive(sent, timeout=timeout))
+            arrays = ArrayRecord({k: Array(v.numpy().copy()) for k, v in returned.items()})
+            self.edit(arrays)
+        return arrays
+
+
+def test_a_copy_in_the_wire_order_is_taken_as_it_is_without_asking_the_layout():
+    """Started without arrays, the strategy knows the wire's names from the node that gave them:
+    a copy of the record it handed back, named in that order, needs no layout query."""
+    app = Recorder()
+    final = CopyingFedRep(num_clients=3).start(InProcessGrid(app, 3, {}), ArrayRecord(), num_rounds=3, timeout=60)  # type: ignore[arg-type]
+    assert list(final.keys()) == BODY and len(app.of_type("query.parameters")) == 1
+    assert not [m for m in app.of_type("query") if dict(m.content.config_records[messages.CONFIG]).keys() >= WIRE_LAYOUT_QUERY.keys()]
+
+
+def test_the_parts_an_algorithm_does_not_share_come_back_as_start_was_given_them():
+    """The user's loop zeroes the head (which FedRep keeps on the nodes) in each copy it hands
+    back: the head in every record the strategy returns is still the one start() was given."""
+
+    class ZeroingHead(CopyingFedRep):
+        edit = staticmethod(lambda record: [record.__setitem__(k, Array(np.zeros_like(record[k].numpy())))
+                                            for k in list(record.keys()) if k.startswith("fc3")])
+
+    initial = state_dict_record()
+    strategy = ZeroingHead(num_clients=3)
+    returned = []
+    own = strategy.record
+    strategy.record = lambda parameters: returned.append(own(parameters)) or returned[-1]  # type: ignore[method-assign]
+    strategy.start(InProcessGrid(Recorder(), 3, {}), initial, num_rounds=2, timeout=60)  # type: ignore[arg-type]
+    assert len(returned) == 2
+    for record in returned:
+        for name in ("fc3.weight", "fc3.bias"):
+            np.testing.assert_array_equal(record[name].numpy(), initial[name].numpy())
