@@ -130,6 +130,23 @@ def test_start_keeps_flowers_defaults_and_timeout():
     assert [t for kind, t in grid.timeouts if kind in ("train", "evaluate")] == [77, 77]  # Flower's rounds
 
 
+def test_start_called_without_rounds_and_timeout_runs_flowers_defaults():
+    grid = ScriptedReplies(Recorder())
+    FedRep(num_clients=3).start(grid=grid, initial_arrays=state_dict_record())
+    assert [t for kind, t in grid.timeouts if kind == "train"] == [3600] * 3  # 3 rounds, 3600 s each
+
+
+def test_the_config_keys_no_client_reads_are_named_once_per_phase(caplog):
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        FedRep(num_clients=3).start(grid=InProcessGrid(Recorder(), 3, {}), initial_arrays=state_dict_record(), num_rounds=2,  # type: ignore[arg-type]
+                                    timeout=60, train_config=ConfigRecord({"batch_size": 32}),
+                                    evaluate_config=ConfigRecord({"val_steps": 5}))
+    logged = [m for m in flwr_messages(caplog) if "to the clients; flwr_pfl's clients read only" in m]
+    assert len(logged) == 2  # each key once, not every round
+    assert logged[0].startswith("FedRep: train_config sends ['batch_size'] to the clients;")
+    assert logged[1].startswith("FedRep: evaluate_config sends ['val_steps'] to the clients;")
+
+
 def test_a_strategy_made_without_num_clients_learns_the_size_and_rounds_at_start():
     strategy = FedRep()
     strategy.start(grid=InProcessGrid(Recorder(), 3, {}), initial_arrays=state_dict_record(), num_rounds=2, timeout=60)  # type: ignore[arg-type]
@@ -203,12 +220,15 @@ def test_messages_carry_their_round_and_the_round_timeout_and_queries_the_exchan
     assert [m.metadata.ttl for m in unbounded.of_type("query.parameters")] == [45.0]  # no round timeout: wait-timeout
 
 
+def layout_queries(app: Recorder) -> list[Message]:
+    return [m for m in app.of_type("query") if dict(m.content.config_records[messages.CONFIG]).keys() >= WIRE_LAYOUT_QUERY.keys()]
+
+
 def test_the_wire_layout_is_asked_of_one_node_once():
     app = Recorder()
     strategy = FedRep(num_clients=3, round_timeout=50.0)
     result = strategy.start(grid=InProcessGrid(app, 3, {}), initial_arrays=state_dict_record(), num_rounds=3, timeout=60)  # type: ignore[arg-type]
-    layout = [m for m in app.of_type("query") if dict(m.content.config_records[messages.CONFIG]).keys() >= WIRE_LAYOUT_QUERY.keys()]
-    assert len(layout) == 1 and layout[0].metadata.ttl == 50.0
+    assert [m.metadata.ttl for m in layout_queries(app)] == [50.0]
     assert list(result.arrays.keys()) == list(state_dict_record().keys())
 
 
@@ -353,7 +373,7 @@ def test_a_copy_in_the_wire_order_is_taken_as_it_is_without_asking_the_layout():
     app = Recorder()
     final = CopyingFedRep(num_clients=3).start(InProcessGrid(app, 3, {}), ArrayRecord(), num_rounds=3, timeout=60)  # type: ignore[arg-type]
     assert list(final.keys()) == BODY and len(app.of_type("query.parameters")) == 1
-    assert not [m for m in app.of_type("query") if dict(m.content.config_records[messages.CONFIG]).keys() >= WIRE_LAYOUT_QUERY.keys()]
+    assert not layout_queries(app)
 
 
 def test_the_parts_an_algorithm_does_not_share_come_back_as_start_was_given_them():
@@ -374,3 +394,13 @@ def test_the_parts_an_algorithm_does_not_share_come_back_as_start_was_given_them
     for record in returned:
         for name in ("fc3.weight", "fc3.bias"):
             np.testing.assert_array_equal(record[name].numpy(), initial[name].numpy())
+
+
+def test_a_copy_of_the_users_state_dict_each_round_asks_the_layout_once():
+    """Each round's copy is the user's whole state_dict, cut to the wire by the layout: asked of
+    one node once, within wait-timeout when no round timeout is set."""
+    app = Recorder()
+    CopyingFedRep(num_clients=3, wait_timeout=45.0).start(InProcessGrid(app, 3, {}), state_dict_record(), num_rounds=3,  # type: ignore[arg-type]
+                                                          timeout=60)
+    assert [m.metadata.ttl for m in layout_queries(app)] == [45.0]
+    assert len(app.of_type("train")) == 9

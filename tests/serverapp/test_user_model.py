@@ -163,12 +163,9 @@ def test_metric_names_must_map_names_to_names(names):
         FedRep(num_clients=3, metric_names=names)
 
 
-def test_feddar_takes_the_users_whole_state_dict_and_starts_each_domains_head_as_the_users():
-    """The user's Net has one head; FedDAR's clients carry one per domain. The heads of domains
-    1..M-1 start as copies of the user's head (as each client starts them), travel apart in
-    extra_arrays, and what comes back loads into the user's Net."""
+def feddar_app() -> ClientApp:
+    """FedDAR's ClientApp on 3 unequal clients of 2 domains, the QuickNet with head ``fc3``."""
     from flwr_pfl.clients import FedDARClient
-    from flwr_pfl.serverapp import FedDAR
 
     def domain_data(pid: int) -> LocalData:
         n = 24 + 6 * pid
@@ -181,8 +178,17 @@ def test_feddar_takes_the_users_whole_state_dict_and_starts_each_domains_head_as
         return FedDARClient(ctx, QuickNet(), domain_data(int(ctx.node_config["partition-id"])),
                             TrainConfig(optimizer=OptimizerConfig(learning_rate=0.05)), head="fc3")
 
+    return register_handlers(ClientApp(), build)
+
+
+def test_feddar_takes_the_users_whole_state_dict_and_starts_each_domains_head_as_the_users():
+    """The user's Net has one head; FedDAR's clients carry one per domain. The heads of domains
+    1..M-1 start as copies of the user's head (as each client starts them), travel apart in
+    extra_arrays, and what comes back loads into the user's Net."""
+    from flwr_pfl.serverapp import FedDAR
+
     sent: list = []
-    handlers = register_handlers(ClientApp(), build)
+    handlers = feddar_app()
 
     def app(message, ctx):
         if message.metadata.message_type == "train" and not sent:
@@ -214,13 +220,14 @@ class CopyingLoop(PFedFDA):
     as a user's loop that edits them does), not the record the strategy returned."""
 
     def start(self, grid, initial_arrays, num_rounds=3, timeout=3600, train_config=None, evaluate_config=None, evaluate_fn=None):
-        self.sent_statistics = []
+        self.sent_statistics, self.aggregated_statistics = [], []
         arrays = initial_arrays
         for server_round in range(1, num_rounds + 1):
             messages_ = list(self.configure_train(server_round, arrays, train_config or ConfigRecord(), grid))
             self.sent_statistics.append({k: v.numpy() for k, v in messages_[0].content.array_records["arrays"].items()
                                          if k.startswith("pfedfda:")})
             returned, _ = self.aggregate_train(server_round, grid.send_and_receive(messages_, timeout=timeout))
+            self.aggregated_statistics.append({k: v.numpy() for k, v in self.extra_arrays.items()})
             arrays = ArrayRecord({k: Array(v.numpy().copy()) for k, v in returned.items()})
         return arrays
 
@@ -231,5 +238,28 @@ def test_a_loop_that_hands_back_a_copy_keeps_the_aggregated_statistics():
     strategy = CopyingLoop(num_clients=3, num_rounds=2)
     strategy.start(InProcessGrid(app_for(PFedFDAClient), 3, {}), whole(), num_rounds=2, timeout=60)  # type: ignore[arg-type]
     first, second = strategy.sent_statistics
-    assert first.keys() == second.keys() and first
-    assert any(not np.array_equal(first[k], second[k]) for k in first)  # round 2 sent round 1's aggregate
+    assert first.keys() == second.keys() == strategy.aggregated_statistics[0].keys() and first
+    for name, aggregate in strategy.aggregated_statistics[0].items():  # round 2 sent round 1's aggregate
+        np.testing.assert_array_equal(second[name], aggregate)
+    assert any(not np.array_equal(first[k], second[k]) for k in first)
+
+
+def test_an_evaluation_of_a_copy_sends_the_aggregated_domain_heads():
+    """A loop of the user's own evaluates a copy of the record FedDAR handed back (the user's
+    model: one head): the heads of domains 1..M-1, which the copy cannot hold, are the round's
+    aggregate (``extra_arrays``), not copies of the user's head."""
+    from flwr_pfl.serverapp import FedDAR
+
+    initial = whole()
+    strategy = FedDAR(num_clients=3)
+    grid = InProcessGrid(feddar_app(), 3, {})  # type: ignore[arg-type]
+    sent = list(strategy.configure_train(1, initial, ConfigRecord(), grid))
+    returned, _ = strategy.aggregate_train(1, grid.send_and_receive(sent, timeout=60))
+    copy = ArrayRecord({k: Array(v.numpy().copy()) for k, v in returned.items()})
+    evaluate = list(strategy.configure_evaluate(1, copy, ConfigRecord(), grid))
+    arrays = evaluate[0].content.array_records["arrays"]
+    heads = dict(strategy.extra_arrays.items())
+    assert sorted(heads) == ["extra_heads.0.bias", "extra_heads.0.weight"]
+    for name, head in heads.items():
+        np.testing.assert_array_equal(arrays[name].numpy(), head.numpy())
+    assert not np.array_equal(heads["extra_heads.0.weight"].numpy(), initial["fc3.weight"].numpy())
