@@ -334,13 +334,15 @@ def test_a_signed_checkpoint_is_read_with_its_key_and_refused_with_another_or_no
         read_checkpoint(unsigned, KEY)
 
 
-@pytest.mark.parametrize("entry", ["global_0", "rounds_done", "meta"])
+@pytest.mark.parametrize("entry", ["global_0", "global_0 reshaped", "rounds_done", "meta"])
 def test_an_altered_entry_of_a_signed_checkpoint_is_refused(tmp_path, entry):
     path = signed(tmp_path)
     with np.load(path, allow_pickle=False) as npz:
         entries = {name: npz[name].copy() for name in npz.files}
     if entry == "meta":
         entries[entry] = np.frombuffer(entries[entry].tobytes().replace(b'"rows": 4', b'"rows": 5'), np.uint8)
+    elif entry == "global_0 reshaped":
+        entries["global_0"] = entries["global_0"].reshape(2, 2)  # the same bytes and dtype, another shape
     else:
         entries[entry] = entries[entry] + 1
     with path.open("wb") as f:
@@ -367,3 +369,11 @@ def test_a_run_with_a_key_signs_its_checkpoints_and_its_resume_refuses_a_foreign
     with pytest.raises(ConfigError, match="checkpoint-key-file: the key in .* has 3 bytes"):
         (tmp_path / "short.key").write_bytes(b"abc")
         run(cfg | {"run-name": "short", "checkpoint-key-file": str(tmp_path / "short.key")})
+
+
+def test_a_state_with_tuple_keys_and_sets_comes_back_as_it_was(tmp_path):
+    """Keys that are not strings (a pair of client ids, an integer) are stored as items and come
+    back as the same hashable keys; a set comes back as a sorted list."""
+    state = {"pairs": {(1, 2): 0.5, 7: "seven"}, "seen": {3, 1, 2}, "global_arrays": [np.ones(2, np.float32)]}
+    restored = read_checkpoint(write_checkpoint(tmp_path, 1, {}, {}, state)).state
+    assert restored["pairs"] == {(1, 2): 0.5, 7: "seven"} and restored["seen"] == [1, 2, 3]
