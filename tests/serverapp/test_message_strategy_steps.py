@@ -404,3 +404,21 @@ def test_a_copy_of_the_users_state_dict_each_round_asks_the_layout_once():
                                                           timeout=60)
     assert [m.metadata.ttl for m in layout_queries(app)] == [45.0]
     assert len(app.of_type("train")) == 9
+
+
+def test_a_loop_that_turns_from_positional_arrays_to_the_users_state_dict_is_followed():
+    """Round 1 gets the wire arrays by position (no names known), round 2 the user's whole
+    state_dict: the strategy then asks the layout and sends the state_dict's body by name."""
+    app = Recorder()
+    grid = InProcessGrid(app, 3, {})  # type: ignore[arg-type]
+    strategy = FedRep(num_clients=3)
+    whole = state_dict_record()
+    positional = ArrayRecord([whole[name].numpy() for name in BODY])
+    returned, _ = strategy.aggregate_train(1, grid.send_and_receive(list(strategy.configure_train(1, positional, ConfigRecord(), grid))))
+    assert strategy.wire_names is None and list(returned.keys()) == [str(i) for i in range(len(BODY))]
+    edited = ArrayRecord({k: Array(v.numpy() + 1) for k, v in whole.items()})
+    sent = list(strategy.configure_train(2, edited, ConfigRecord(), grid))
+    arrays = sent[0].content.array_records[messages.ARRAYS]
+    assert list(arrays.keys()) == BODY and len(layout_queries(app)) == 1
+    for name in BODY:
+        np.testing.assert_array_equal(arrays[name].numpy(), edited[name].numpy())
