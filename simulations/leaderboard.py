@@ -129,6 +129,23 @@ def progress(report: dict[str, Any]) -> tuple[int, int]:
     return sum(k in report["runs"] for k in keys), len(keys)
 
 
+def same_as(report: dict[str, Any], setting: str, algorithm: str, earlier: list[str]) -> str | None:
+    """The first of ``earlier`` whose final accuracy equals ``algorithm``'s on every run both have
+    on ``setting`` (at least one): an algorithm that reduces to another there (FedBN on a model
+    without normalisation layers, a domain method on single-domain clients) gets the same bytes."""
+    def finals(name: str) -> dict[str, float]:
+        prefix = f"{setting}/{name}/"
+        return {k[len(prefix):]: r["final_accuracy"] for k, r in report["runs"].items()
+                if k.startswith(prefix) and "final_accuracy" in r}
+
+    own = finals(algorithm)
+    for other in earlier:
+        theirs = finals(other)
+        if own and own.keys() <= theirs.keys() and all(theirs[k] == v for k, v in own.items()):
+            return other
+    return None
+
+
 def fmt(value: float | None, spec: str = ".3f") -> str:
     return "" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
@@ -163,6 +180,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [f"## {setting}", "", info["summary"] + f"; learning rate {info['learning_rate']:g} x factor.", "",
                   "| rank | algorithm | final accuracy (mean ± std) | best factor | s / round | every factor (mean) | notes |",
                   "|---|---|---|---|---|---|---|"]
+        registered = [r["algorithm"] for r in report["rows"].values() if r["setting"] == setting]
         for rank, r in enumerate(rows, 1):
             best = r["best_factor"]
             cell = r["per_factor"].get(best, {}) if best is not None else {}
@@ -178,6 +196,9 @@ def markdown(report: dict[str, Any]) -> str:
             errors = [e for v in r["per_factor"].values() for e in v["errors"]]
             if errors:
                 notes.append(f"{len(errors)} failed run(s): {errors[0][:120]}")
+            twin = same_as(report, setting, r["algorithm"], registered[:registered.index(r["algorithm"])])
+            if twin is not None:
+                notes.append(f"the same final accuracy as {twin} on every seed run: it reduces to {twin} on this setting")
             extra = report["extra"].get(r["algorithm"])
             if extra:
                 notes.append(extra)

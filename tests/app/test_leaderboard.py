@@ -72,3 +72,19 @@ def test_a_partial_sweep_says_how_much_is_done_and_what_each_row_lacks():
     report["runs"] |= {lb.run_key("s", a, f, s): run(0.5) for a in ("a", "b") for f in (0.5, 1.0, 2.0) for s in range(3)}
     report["rows"] = {f"s/{a}": lb.row(report, "s", a, [0.5, 1.0, 2.0], [0, 1, 2]) for a in ("a", "b")}
     assert lb.progress(report) == (18, 18) and "Status" not in lb.markdown(report)
+
+
+def test_a_row_equal_to_an_earlier_one_on_every_seed_says_it_reduces_to_it():
+    """FedBN on a model without normalisation layers is FedAvg byte for byte: the page says so
+    rather than leave a reader to suspect a bug; a row that differs on one seed is not named."""
+    runs = {("fedavg", 1.0, s): run(v) for s, v in enumerate([0.71, 0.72, 0.73])}
+    runs |= {("fedbn", 1.0, s): run(v) for s, v in enumerate([0.71, 0.72, 0.73])}
+    runs |= {("fedprox", 1.0, s): run(v) for s, v in enumerate([0.71, 0.72, 0.7301])}
+    report = report_with(runs, factors=(1.0,))
+    report["rows"] = {f"s/{a}": lb.row(report, "s", a, [1.0], [0, 1, 2]) for a in ("fedavg", "fedbn", "fedprox")}
+    assert lb.same_as(report, "s", "fedbn", ["fedavg"]) == "fedavg"
+    assert lb.same_as(report, "s", "fedprox", ["fedavg", "fedbn"]) is None
+    assert lb.same_as(report, "s", "fedavg", []) is None
+    lines = {line.split(" | ")[1]: line for line in lb.markdown(report).splitlines() if line.startswith("| ")}
+    assert "the same final accuracy as fedavg on every seed run: it reduces to fedavg on this setting" in lines["fedbn"]
+    assert "reduces to" not in lines["fedprox"] and "reduces to" not in lines["fedavg"]
