@@ -22,8 +22,8 @@ from flwr_pfl.errors import ConfigError
 from flwr_pfl.serverapp import FedAvg, FedRep, PFLMessageStrategy
 from flwr_pfl.serverapp.strategy import numeric_record
 from flwr_pfl.strategies import FedAvg as LegacyFedAvg
-from flwr_pfl.strategies import FedRep as LegacyFedRep
-from serverapp.test_translation import BODY, Recorder, ScriptedGrid, server_identity, state_dict_record  # noqa: F401 - a fixture
+from serverapp.test_translation import (  # noqa: F401 - server_identity: a fixture
+    BODY, Recorder, ScriptedGrid, scaled_reply, server_identity, state_dict_record)
 
 NODES = (1000, 1001, 1002)
 
@@ -58,11 +58,8 @@ class ScriptedReplies(InProcessGrid):
                 continue
             out.append(reply)
             if self.twice and reply.metadata.src_node_id == 1000 and reply.metadata.message_type == "train":
-                arrays = reply.content.array_records[messages.ARRAYS]
-                content = RecordDict(dict(reply.content))
-                content[messages.ARRAYS] = messages.pack_arrays([a.numpy() * 100 for a in arrays.values()], list(arrays.keys()))
                 request = next(m for m in sent if m.metadata.dst_node_id == 1000)
-                out.append(Message(content, reply_to=request))
+                out.append(scaled_reply(reply, request, 100.0))
         return out
 
 

@@ -311,6 +311,14 @@ def test_the_client_manager_follows_the_grid_nodes():
 
 
 # ------------------------------------------------------------------------------ what each reply counts for
+def scaled_reply(reply: Message, request: Message, scale: float) -> Message:
+    """A second reply to ``request``, as ``reply`` but with its arrays ``scale`` times theirs."""
+    arrays = reply.content.array_records[messages.ARRAYS]
+    content = RecordDict(dict(reply.content))
+    content[messages.ARRAYS] = messages.pack_arrays([a.numpy() * scale for a in arrays.values()], list(arrays.keys()))
+    return Message(content, reply_to=request)
+
+
 class DuplicatingGrid(InProcessGrid):
     """An in-process grid on which ``node_id`` answers every ``train`` message twice: its real
     reply, then a second one whose arrays are ``scale`` times the first's."""
@@ -326,10 +334,7 @@ class DuplicatingGrid(InProcessGrid):
             if message.metadata.message_type != "train" or message.metadata.dst_node_id != self.node_id:
                 continue
             first = next(r for r in replies if r.metadata.src_node_id == self.node_id)
-            arrays = first.content.array_records[messages.ARRAYS]
-            content = RecordDict(dict(first.content))
-            content[messages.ARRAYS] = messages.pack_arrays([a.numpy() * self.scale for a in arrays.values()], list(arrays.keys()))
-            replies.append(Message(content, reply_to=message))
+            replies.append(scaled_reply(first, message, self.scale))
         return replies
 
 

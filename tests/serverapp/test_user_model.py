@@ -14,7 +14,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.clientapp import ClientApp
 from torch.utils.data import DataLoader, TensorDataset
 
-from fakes import BatchNormDropoutNet, QuickNet, image_tensors
+from fakes import BatchNormDropoutNet, MiddleHeadNet, QuickNet, image_tensors
 from flwr_pfl.app.inprocess import InProcessGrid
 from flwr_pfl.clientapp import register_handlers
 from flwr_pfl.clients import FEDORAClient, FedBNClient, FedRepClient, LocalClient, LocalData, PFedFDAClient, TrainConfig
@@ -28,7 +28,7 @@ HEAD = ["fc3.weight", "fc3.bias"]
 
 def data(pid: int, model=QuickNet) -> LocalData:
     n = 24 + 6 * pid  # unequal clients
-    if model is BatchNormDropoutNet:
+    if model in (BatchNormDropoutNet, MiddleHeadNet):  # 6 features, 3 classes
         g = torch.Generator().manual_seed(90 + pid)
         x = torch.randn(n + 12, 6, generator=g)
         y = (x[:, :3].argmax(1) + pid) % 3

@@ -208,31 +208,16 @@ def test_a_server_side_wrapper_clips_against_the_part_an_algorithm_shares(model)
     whole state_dict has more arrays, and with the head registered in the middle, others at the
     same positions). The run completes, Result holds the whole state_dict, and the arrays the
     wrapper clipped against in the last round are the body that round sent."""
-    import torch
-    from flwr.app import Array
-    from flwr.clientapp import ClientApp
-    from torch.utils.data import DataLoader, TensorDataset
-
     from fakes import BatchNormDropoutNet, MiddleHeadNet
     from flwr_pfl import messages
     from flwr_pfl.app.inprocess import InProcessGrid
-    from flwr_pfl.clientapp import register_handlers
-    from flwr_pfl.clients import FedRepClient, LocalData, TrainConfig
+    from flwr_pfl.clients import FedRepClient
     from flwr_pfl.serverapp import FedRep as MessageFedRep
+    from serverapp.test_user_model import app_for, whole as whole_state_dict
 
     net, head = (MiddleHeadNet, "layers.head") if model == "head in the middle" else (BatchNormDropoutNet, "fc2")
-
-    def build(context):
-        pid = int(context.node_config["partition-id"])
-        generator = torch.Generator().manual_seed(pid)
-        x, y = torch.randn(30 + 6 * pid, 6, generator=generator), torch.randint(0, 3, (30 + 6 * pid,), generator=generator)
-        data = LocalData(train=DataLoader(TensorDataset(x[8:], y[8:]), batch_size=8), test=DataLoader(TensorDataset(x[:8], y[:8])))
-        torch.manual_seed(0)
-        return FedRepClient(context, net(), data, TrainConfig(), head=head, head_epochs=1)
-
-    app = register_handlers(ClientApp(), build)
-    torch.manual_seed(0)
-    whole = ArrayRecord({k: Array(v.numpy()) for k, v in net().state_dict().items()})
+    app = app_for(FedRepClient, net, head=head)
+    whole = whole_state_dict(net, seed=0)
     strategy = MessageFedRep(num_clients=3)
     sent = []
     own = strategy.configure_train
