@@ -130,6 +130,27 @@ OWN_SELECTION: dict[str, tuple[str, ...]] = {
 }
 SCOPE.update(OWN_SELECTION)
 
+#: the tests that run every registered algorithm (reruns, both flavours, export, node state,
+#: resume, models with BatchNorm and dropout, bad replies); an algorithm's workspace keeps only
+#: their cases that name it (pytest ``-k``)
+_EVERY_ALGORITHM = (
+    "tests/strategies/test_every_mode_models.py", "tests/strategies/test_bad_client.py",
+    "tests/serverapp/test_flavours_equal.py", "tests/app/test_reruns.py", "tests/app/test_export.py",
+    "tests/app/test_node_state.py", "tests/app/test_resume_state.py", "tests/app/test_resume.py",
+    "tests/properties/test_wire_properties.py",
+)
+#: baselines whose client and strategy are mutated together against the tests that name them:
+#: minutes a module, where the shared workspace's first pass alone takes half an hour
+ALGORITHM_WORKSPACES: dict[str, tuple[str, ...]] = {}
+for _name in ("apfl", "ditto", "fedamp", "fedbn", "fedfomo", "fedpac", "fedrod", "ifca", "knnper",
+              "perfedavg", "pfedhn", "pfedme"):
+    _modules = tuple(f"flwr_pfl/{package}/{_name}.py" for package in ("clients", "strategies")
+                     if (REPO / "flwr_pfl" / package / f"{_name}.py").exists())
+    _own = tuple(str(p.relative_to(REPO)) for p in sorted((REPO / "tests").rglob(f"test_{_name}*.py")))
+    ALGORITHM_WORKSPACES[f"algorithm.{_name}"] = _modules
+    for _module in _modules:
+        OWN_SELECTION[_module] = SCOPE[_module] = (*_own, *_EVERY_ALGORITHM)
+
 #: modules mutated together in one workspace, so that mutmut's first pass over the tests (which
 #: records the tests that reach each function, about half an hour for the Flower layer's 1,200
 #: tests) runs once for all of them; a module's run then tests only its own mutants. The tests
@@ -140,7 +161,13 @@ SHARED_WORKSPACES: dict[str, tuple[str, ...]] = {
         if m not in OWN_SELECTION and (m.split("/")[1] in ("strategies", "clients", "training", "serverapp")
                                        or m in ("flwr_pfl/clientapp.py", "flwr_pfl/models/split.py"))
     ),
+    **ALGORITHM_WORKSPACES,
 }
+
+
+def keyword_of(workspace: str) -> str | None:
+    """The pytest ``-k`` expression that narrows an algorithm's workspace to the cases naming it."""
+    return workspace.removeprefix("algorithm.") if workspace in ALGORITHM_WORKSPACES else None
 
 
 @dataclass(frozen=True)
@@ -196,6 +223,9 @@ def prepare_workspace(module: str) -> Path:
         elif source.exists():
             shutil.copy2(source, target)
     existing = [t for t in tests if (REPO / t).exists()]
+    keyword = keyword_of(work.name)
+    if keyword:
+        existing += ["-k", keyword]
     config = [
         "",
         "[tool.mutmut]",
@@ -234,7 +264,8 @@ def run_module(module: str, max_children: int) -> dict:
                               cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT)
     seconds = time.perf_counter() - start
     if "failed to collect stats" in log.read_text():
-        selection = " ".join(t for t in tests if (REPO / t).exists())
+        keyword = keyword_of(work.name)
+        selection = " ".join(t for t in tests if (REPO / t).exists()) + (f" -k {keyword}" if keyword else "")
         raise SystemExit(
             f"{module}: its tests fail on the unmutated code, so no mutant can be judged; see them with\n"
             f"  cd {work / 'mutants'} && python -m pytest {selection} -m 'not slow' -x"
@@ -399,7 +430,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.list:
         for module, tests in SCOPE.items():
-            print(f"{module}: {' '.join(tests)}")
+            keyword = keyword_of(workspace_of(module)[0])
+            print(f"{module}: {' '.join(tests)}" + (f" -k {keyword}" if keyword else ""))
         return 0
     if args.report:
         for module in SCOPE:
