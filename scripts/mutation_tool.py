@@ -235,10 +235,12 @@ def prepare_workspace(module: str) -> Path:
         'pytest_add_cli_args = ["-p", "no:cacheprovider", "-x", "-q"]',
         # torch is not fork-safe after it has run: fork each mutant's run from a clean server
         'process_isolation = "forkserver"',
-        # mutmut limits CPU seconds per mutant; on a loaded 2-core machine torch's start-up alone
-        # can take seconds, so the limit is generous: a time-out then means a real hang
-        "timeout_multiplier = 20.0",
-        "timeout_constant = 60.0",
+        # mutmut limits a mutant to (t + constant) x multiplier x 2 CPU seconds and half that in
+        # wall time (t: its tests' time on the unmutated code); the fork server has torch imported
+        # already, so 3 minutes' wall time and more mean a real hang (a mutant asleep in a wait
+        # loop uses no CPU: only the wall limit ends it, and 20 minutes a hang was too long)
+        "timeout_multiplier = 6.0",
+        "timeout_constant = 30.0",
         "use_git_change_detection = false",
     ]
     pyproject = (work / "pyproject.toml").read_text()
