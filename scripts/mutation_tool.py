@@ -142,14 +142,25 @@ _EVERY_ALGORITHM = (
 #: baselines whose client and strategy are mutated together against the tests that name them:
 #: minutes a module, where the shared workspace's first pass alone takes half an hour
 ALGORITHM_WORKSPACES: dict[str, tuple[str, ...]] = {}
+#: workspace -> the pytest ``-k`` expression of its cases
+ALGORITHM_KEYWORDS: dict[str, str] = {}
+
+
+def _algorithm_workspace(name: str, modules: tuple[str, ...], algorithms: tuple[str, ...]) -> None:
+    own = tuple(str(p.relative_to(REPO)) for a in (name, *algorithms)
+                for p in sorted((REPO / "tests").rglob(f"test_{a}*.py")))
+    ALGORITHM_WORKSPACES[f"algorithm.{name}"] = modules
+    ALGORITHM_KEYWORDS[f"algorithm.{name}"] = " or ".join((name, *algorithms))
+    for module in modules:
+        OWN_SELECTION[module] = SCOPE[module] = tuple(dict.fromkeys((*own, *_EVERY_ALGORITHM)))
+
+
 for _name in ("apfl", "ditto", "fedamp", "fedbn", "fedfomo", "fedpac", "fedrod", "ifca", "knnper",
               "perfedavg", "pfedhn", "pfedme"):
-    _modules = tuple(f"flwr_pfl/{package}/{_name}.py" for package in ("clients", "strategies")
-                     if (REPO / "flwr_pfl" / package / f"{_name}.py").exists())
-    _own = tuple(str(p.relative_to(REPO)) for p in sorted((REPO / "tests").rglob(f"test_{_name}*.py")))
-    ALGORITHM_WORKSPACES[f"algorithm.{_name}"] = _modules
-    for _module in _modules:
-        OWN_SELECTION[_module] = SCOPE[_module] = (*_own, *_EVERY_ALGORITHM)
+    _algorithm_workspace(_name, tuple(f"flwr_pfl/{package}/{_name}.py" for package in ("clients", "strategies")
+                                      if (REPO / "flwr_pfl" / package / f"{_name}.py").exists()), ())
+# the personal copy that Ditto, APFL and pFedMe share
+_algorithm_workspace("personal", ("flwr_pfl/clients/personal.py",), ("ditto", "apfl", "pfedme"))
 
 #: modules mutated together in one workspace, so that mutmut's first pass over the tests (which
 #: records the tests that reach each function, about half an hour for the Flower layer's 1,200
@@ -167,7 +178,7 @@ SHARED_WORKSPACES: dict[str, tuple[str, ...]] = {
 
 def keyword_of(workspace: str) -> str | None:
     """The pytest ``-k`` expression that narrows an algorithm's workspace to the cases naming it."""
-    return workspace.removeprefix("algorithm.") if workspace in ALGORITHM_WORKSPACES else None
+    return ALGORITHM_KEYWORDS.get(workspace)
 
 
 @dataclass(frozen=True)
@@ -267,7 +278,7 @@ def run_module(module: str, max_children: int) -> dict:
     seconds = time.perf_counter() - start
     if "failed to collect stats" in log.read_text():
         keyword = keyword_of(work.name)
-        selection = " ".join(t for t in tests if (REPO / t).exists()) + (f" -k {keyword}" if keyword else "")
+        selection = " ".join(t for t in tests if (REPO / t).exists()) + (f" -k '{keyword}'" if keyword else "")
         raise SystemExit(
             f"{module}: its tests fail on the unmutated code, so no mutant can be judged; see them with\n"
             f"  cd {work / 'mutants'} && python -m pytest {selection} -m 'not slow' -x"
@@ -433,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for module, tests in SCOPE.items():
             keyword = keyword_of(workspace_of(module)[0])
-            print(f"{module}: {' '.join(tests)}" + (f" -k {keyword}" if keyword else ""))
+            print(f"{module}: {' '.join(tests)}" + (f" -k '{keyword}'" if keyword else ""))
         return 0
     if args.report:
         for module in SCOPE:

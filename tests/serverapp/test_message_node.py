@@ -46,6 +46,8 @@ def test_a_message_names_its_node_type_round_and_time_to_live():
     assert (message.metadata.group_id, message.metadata.ttl) == ("4", 12.5)
     unbounded = node.message("query", messages.query_content({}), None, None)
     assert (unbounded.metadata.group_id, unbounded.metadata.ttl) == ("", DEFAULT_TTL)
+    no_time = node.message("query", messages.query_content({}), 0.0, 0)  # as Flower's legacy proxy: no limit
+    assert (no_time.metadata.group_id, no_time.metadata.ttl) == ("", DEFAULT_TTL)
 
 
 def test_a_train_message_carries_the_arrays_by_the_wire_names_and_the_instructions_keys_last():
@@ -74,9 +76,25 @@ def test_fit_sends_one_train_message_and_reads_the_reply_by_the_wire_names():
     grid = Answering(reply)
     res = MessageNode(grid, 7, lambda: ["b", "a"]).fit(fit_ins(), 9.0, 3)  # type: ignore[arg-type]
     assert len(grid.sent) == 1 and grid.timeouts == [9.0]
+    assert (grid.sent[0].metadata.ttl, grid.sent[0].metadata.group_id) == (9.0, "3")
     assert (res.status.code, res.num_examples, res.metrics) == (Code.OK, 11, {"partition_id": 2})
     for got, want in zip(parameters_to_ndarrays(res.parameters), ARRAYS, strict=True):
         np.testing.assert_array_equal(got, want * 2)
+
+
+def test_a_train_reply_is_read_in_the_wire_order_and_refused_under_other_names():
+    def reply_named(names):
+        def reply(message: Message) -> Message:
+            return Message(messages.train_reply_content(ARRAYS, 4, {}, names), reply_to=message)
+        return reply
+
+    node = MessageNode(Answering(reply_named(["a", "b"])), 7, lambda: ["b", "a"])  # type: ignore[arg-type]
+    swapped = parameters_to_ndarrays(node.fit(fit_ins(), 1.0, 1).parameters)
+    np.testing.assert_array_equal(swapped[0], ARRAYS[1])  # "b" first, as the wire has it
+    np.testing.assert_array_equal(swapped[1], ARRAYS[0])
+    stranger = MessageNode(Answering(reply_named(["x", "y"])), 7, lambda: ["b", "a"])  # type: ignore[arg-type]
+    with pytest.raises(messages.MessageContentError):
+        stranger.fit(fit_ins(), 1.0, 1)
 
 
 def test_evaluate_reads_the_loss_the_count_and_the_metrics():
@@ -87,6 +105,7 @@ def test_evaluate_reads_the_loss_the_count_and_the_metrics():
     res = MessageNode(grid, 7).evaluate(EvaluateIns(ndarrays_to_parameters(ARRAYS), {}), 4.0, 2)  # type: ignore[arg-type]
     assert (res.status.code, res.loss, res.num_examples) == (Code.OK, 1.25, 6) and res.metrics["accuracy"] == 0.5
     assert grid.sent[0].metadata.message_type == "evaluate" and grid.timeouts == [4.0]
+    assert (grid.sent[0].metadata.ttl, grid.sent[0].metadata.group_id) == (4.0, "2")
 
 
 def test_a_query_and_the_initial_arrays():
@@ -101,11 +120,14 @@ def test_a_query_and_the_initial_arrays():
     properties = node.get_properties(GetPropertiesIns({"x": 1, "y": 2}), 3.0, 5)
     assert (properties.status.code, properties.properties) == (Code.OK, {"asked": "x,y"})
     assert (grid.sent[-1].metadata.message_type, grid.sent[-1].metadata.group_id, grid.sent[-1].metadata.ttl) == ("query", "5", 3.0)
-    record = node.initial_arrays({"z": 0}, 2.0)
+    assert grid.timeouts[-1] == 3.0
+    record = node.initial_arrays({"z": 0}, 2.0, 6)
     assert list(record.keys()) == ["w", "b"] and grid.sent[-1].metadata.message_type == "query.parameters"
     assert dict(grid.sent[-1].content.config_records[messages.CONFIG]) == {"z": 0} and grid.timeouts[-1] == 2.0
-    parameters = node.get_parameters(GetParametersIns({}), 2.0, None)
+    assert (grid.sent[-1].metadata.group_id, grid.sent[-1].metadata.ttl) == ("6", 2.0)
+    parameters = node.get_parameters(GetParametersIns({}), 2.5, 8)
     assert parameters.status.code == Code.OK
+    assert (grid.sent[-1].metadata.group_id, grid.sent[-1].metadata.ttl, grid.timeouts[-1]) == ("8", 2.5, 2.5)
     for got, want in zip(parameters_to_ndarrays(parameters.parameters), ARRAYS, strict=True):
         np.testing.assert_array_equal(got, want)
     assert node.reconnect(ReconnectIns(seconds=None), 1.0, None).reason == ""
@@ -148,6 +170,7 @@ def test_the_manager_registers_the_grids_nodes_and_forgets_those_that_left():
     assert manager.node(2) is first["2"]
     stranger = manager.node(9)  # not registered: a proxy made for it
     assert isinstance(stranger, MessageNode) and stranger.node_id == 9 and stranger.wire_names() == ["w"]
+    assert stranger.grid is grid
     assert "9" not in manager.all()
 
 
@@ -162,3 +185,19 @@ def test_waiting_for_nodes_polls_the_grid_until_enough_are_there():
     assert manager.wait_for(3, timeout=5)
     assert len(manager.all()) == 3  # returned as soon as three were registered
     assert not GridClientManager(ScriptedGrid(lambda m: None, nodes=[1])).wait_for(2, timeout=0)  # type: ignore[arg-type]
+
+
+def test_waiting_without_a_timeout_gives_up_after_a_day_as_flowers_manager_does(monkeypatch):
+    from flwr_pfl.serverapp import nodes
+
+    clock = [1000.0]
+    naps: list[float] = []
+
+    def nap(seconds: float) -> None:
+        naps.append(seconds)
+        clock[0] += 3600.0  # an hour a look, so that a day is 24 looks
+
+    monkeypatch.setattr(nodes.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(nodes.time, "sleep", nap)
+    assert not GridClientManager(ScriptedGrid(lambda m: None, nodes=[1])).wait_for(2)  # type: ignore[arg-type]
+    assert len(naps) == 24 and set(naps) == {nodes.POLL_SECONDS}
