@@ -39,3 +39,24 @@ def test_a_truncated_payload_is_refused():
     data = ndarrays_to_parameters([np.arange(10, dtype=np.float64)]).tensors[0][:-8]
     with pytest.raises(ValueError, match="expected 80 bytes got 72"):  # not a view over the 9 values there are
         decode_arrays(Parameters(tensors=[data], tensor_type="numpy.ndarray"))
+
+
+def test_a_version_2_header_is_read_as_a_view_too():
+    import io
+
+    stream = io.BytesIO()
+    np.lib.format.write_array(stream, np.arange(6, dtype=np.float32).reshape(2, 3), version=(2, 0))
+    data = stream.getvalue()
+    assert data[6] == 2  # a four-byte header length
+    (array,) = decode_arrays(Parameters(tensors=[data], tensor_type="numpy.ndarray"))
+    np.testing.assert_array_equal(array, np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert not array.flags.writeable and np.shares_memory(array, np.frombuffer(data, dtype=np.uint8))
+
+
+@pytest.mark.parametrize("data", [b"XXXXXX\x01\x00\x05\x00\x00\x00", b"\x93NUMPX\x02\x00\x05\x00\x00\x00\x00"])
+def test_bytes_that_are_not_npy_are_refused_as_flower_refuses_them(data):
+    with pytest.raises(ValueError) as flowers:
+        parameters_to_ndarrays(Parameters(tensors=[data], tensor_type="numpy.ndarray"))
+    with pytest.raises(ValueError) as ours:
+        decode_arrays(Parameters(tensors=[data], tensor_type="numpy.ndarray"))
+    assert str(ours.value) == str(flowers.value)
