@@ -334,3 +334,24 @@ def split_loaders(x: torch.Tensor, y: torch.Tensor, d: torch.Tensor, train: int,
     loaders = [DataLoader(TensorDataset(x[s], y[s], d[s]), batch_size=8 if i == 0 else 16, shuffle=i == 0)
                for i, s in enumerate(parts)]
     return LocalData(train=loaders[0], val=loaders[1], test=loaders[2], num_domains=num_domains)
+
+
+def handed_out_seconds(monkeypatch) -> list[float]:
+    """Make each call of the shared train loop through :meth:`PFLClient.train_groups` report a
+    time of its own (1, 2, 4, ... seconds) and return the list of the times handed out, so that a
+    test can check a client's ``train_seconds`` is the sum over its training phases (powers of
+    two: a dropped or subtracted phase gives another number)."""
+    import dataclasses
+
+    from flwr_pfl.clients import base
+
+    real = base.train
+    handed: list[float] = []
+
+    def timed(*args, **kwargs):
+        stats = real(*args, **kwargs)
+        handed.append(float(2 ** len(handed)))
+        return dataclasses.replace(stats, seconds=handed[-1])
+
+    monkeypatch.setattr(base, "train", timed)
+    return handed

@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import flwr_pfl.app.entries.ditto  # noqa: F401  (registers "ditto")
-from fakes import BatchNormDropoutNet, FakeProxy, fit_res
+from fakes import BatchNormDropoutNet, FakeProxy, fit_res, handed_out_seconds
 from fakes import assert_arrays_close as close
 from flwr_pfl.app.config import parse_experiment
 from flwr_pfl.app.registry import ALGORITHMS
@@ -229,5 +229,19 @@ def test_the_run_config_keys_reach_the_client_and_bad_values_are_refused():
             parse_experiment({"algorithm": "ditto", key: value})
     with pytest.raises(ValueError, match="lambda"):
         DittoClient(context(0), make_net(), make_data(12, 0), train_config(), lam=-1.0)
-    with pytest.raises(ValueError, match="personal_epochs"):
-        DittoClient(context(0), make_net(), make_data(12, 0), train_config(), personal_epochs=0)
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="personal_epochs must be an integer >= 1"):
+            DittoClient(context(0), make_net(), make_data(12, 0), train_config(), personal_epochs=bad)
+
+
+def test_a_client_built_by_keywords_keeps_them_and_the_papers_defaults():
+    config = train_config()
+    c = DittoClient(context=context(0), model=make_net(), data=make_data(12, 0), train_config=config)
+    assert c.train_config is config and (c.lam, c.personal_epochs) == (1.0, 1)
+
+
+def test_train_seconds_count_the_global_and_the_personal_update(monkeypatch):
+    handed = handed_out_seconds(monkeypatch)
+    c = client(context(0), 0)
+    _, _, metrics = c.fit(arrays_of(make_net(seed=1)), {"server-round": 1})
+    assert len(handed) == 2 and metrics["train_seconds"] == sum(handed)
