@@ -69,3 +69,15 @@ def test_a_raising_block_stores_nothing_and_restores_the_global_model():
             raise RuntimeError("boom")
     assert not client.has_personal_model()
     assert all(np.array_equal(a, b) for a, b in zip(snapshot(client), before))
+
+
+def test_the_evaluation_keeps_the_personal_models_own_figures_beside_the_global_ones():
+    from flwr_pfl.core.metrics import ONE_CLASS
+
+    client = make_client(RecordDict())
+    with client.personal_model():
+        client.model.state_dict()["module.fc2.bias"].copy_(torch.tensor([100.0, 0.0, 0.0]))  # answers class 0 alone
+    metrics = client.local_evaluate({}).metrics()
+    assert metrics[ONE_CLASS] == 1.0  # the personal model's collapse is reported, not dropped
+    assert f"global_{ONE_CLASS}" not in metrics and {"global_loss", "global_accuracy"} <= set(metrics)
+    assert metrics["accuracy"] == pytest.approx(4 / 12) and metrics["loss"] > 10 * metrics["global_loss"]
