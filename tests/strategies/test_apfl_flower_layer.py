@@ -65,20 +65,26 @@ def forward(p: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     return torch.tanh(x @ p[0].T + p[1]) @ p[2].T + p[3]
 
 
-def hand_round(w, v, alpha: float, data: LocalData, alpha_lr: float, lr: float = LR, steps: int = EPOCHS):
+def hand_round(w, v, alpha: float, data: LocalData, alpha_lr: float, lr: float = LR, steps: int = EPOCHS,
+               losses: list[tuple[float, float]] | None = None):
     """Alg. 1 by hand: each full-batch step, from the step's iterates (w, v, alpha):
     w -= lr grad f(w); v -= lr d/dv f(alpha v + (1-alpha) w); alpha -= alpha_lr d/dalpha of the same,
-    clipped to [0, 1]. Both derivatives through the mixture by autograd on alpha and v directly."""
+    clipped to [0, 1]. Both derivatives through the mixture by autograd on alpha and v directly.
+    ``losses`` (when given) receives each step's (f(w), f(v_bar))."""
     x, y, _ = data.train.dataset.tensors
     w = [torch.as_tensor(a).clone() for a in w]
     v = [torch.as_tensor(a).clone() for a in v]
     for _ in range(steps):
         w_leaf = [t.clone().requires_grad_(True) for t in w]
-        grads_w = torch.autograd.grad(F.cross_entropy(forward(w_leaf, x), y), w_leaf)
+        own = F.cross_entropy(forward(w_leaf, x), y)
+        grads_w = torch.autograd.grad(own, w_leaf)
         v_leaf = [t.clone().requires_grad_(True) for t in v]
         a = torch.tensor(alpha, requires_grad=True)
         mixed = [a * pv + (1 - a) * pw for pv, pw in zip(v_leaf, w)]
-        *grads_v, grad_a = torch.autograd.grad(F.cross_entropy(forward(mixed, x), y), [*v_leaf, a])
+        personal = F.cross_entropy(forward(mixed, x), y)
+        *grads_v, grad_a = torch.autograd.grad(personal, [*v_leaf, a])
+        if losses is not None:
+            losses.append((float(own), float(personal)))
         w = [t - lr * g for t, g in zip(w, grads_w)]
         v = [t - lr * g for t, g in zip(v, grads_v)]
         alpha = min(1.0, max(0.0, alpha - alpha_lr * float(grad_a)))
@@ -110,8 +116,12 @@ def test_two_rounds_replay_alg1_with_a_learned_alpha_and_the_server_takes_the_ex
             c = client(contexts[pid], datas[pid], alpha=ALPHA, learn_alpha=True, alpha_lr=ALPHA_LR)
             arrays, num_examples, metrics = c.fit([a.copy() for a in global_model], {"server-round": server_round})
             assert num_examples == n and metrics["partition_id"] == pid
-            w, v, alpha = hand_round(global_model, expected_v[pid], expected_alpha[pid], datas[pid], ALPHA_LR)
+            losses: list[tuple[float, float]] = []
+            w, v, alpha = hand_round(global_model, expected_v[pid], expected_alpha[pid], datas[pid], ALPHA_LR, losses=losses)
             close(arrays, w, atol=1e-5)
+            assert len(losses) == EPOCHS  # one full-batch step an epoch; the figures are the means over steps
+            assert metrics["train_loss"] == pytest.approx(np.mean([own for own, _ in losses]), rel=1e-5)
+            assert metrics["personal_loss"] == pytest.approx(np.mean([mixed for _, mixed in losses]), rel=1e-5)
             close(stored_personal(contexts[pid]), v, atol=1e-5)
             assert metrics["alpha"] == pytest.approx(alpha, abs=1e-6)
             assert abs(alpha - expected_alpha[pid]) > 1e-3  # alpha did move
@@ -217,3 +227,62 @@ def test_the_run_config_keys_reach_the_client_and_bad_values_are_refused():
         client(context(0), make_data(SIZES[0], 0), alpha=2.0)
     with pytest.raises(ValueError, match="alpha_lr"):
         client(context(0), make_data(SIZES[0], 0), alpha_lr=float("inf"))
+
+
+class DomainNet(nn.Module):
+    """A model whose output depends on the sample's domain, with a parameter no forward uses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+        self.shift = nn.Parameter(torch.tensor([0.5, -1.0, 2.0]))
+        self.unused = nn.Parameter(torch.ones(2))
+
+    def forward(self, x: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) + d[:, None].float() * self.shift
+
+
+def test_a_mixed_step_takes_both_losses_by_domain_and_sums_them_over_its_steps():
+    from torch.func import functional_call
+
+    from flwr_pfl.clients.apfl import MixedStep
+
+    torch.manual_seed(0)
+    model, alpha = DomainNet(), 0.25
+    personal = {k: v + 0.3 for k, v in model.state_dict().items()}
+    names = [n for n, _ in model.named_parameters()]
+    step = MixedStep(personal, names, alpha, 0.0, OptimizerConfig("sgd", 0.1), "classification")
+    with pytest.raises(RuntimeError, match="^APFL's after_step ran without a loss taken before it$"):
+        step.after(model, 0)
+    x, y, d = torch.randn(5, 4), torch.tensor([0, 1, 2, 0, 1]), torch.tensor([0, 1, 1, 0, 1])
+    own_means, mixed_means = [], []
+    for k in range(2):
+        w = {n: p.detach().clone() for n, p in model.named_parameters()}
+        v = {n: p.detach().clone() for n, p in step.params.items()}
+        own = F.cross_entropy(model(x, d), y, reduction="none").detach()
+        mixed = F.cross_entropy(functional_call(model, {n: alpha * v[n] + (1 - alpha) * w[n] for n in w}, (x, d)), y,
+                                reduction="none").detach()
+        total = step.loss(model, x, y, d)
+        torch.testing.assert_close(total.detach(), own + mixed)
+        total.mean().backward()
+        step.after(model, k)
+        model.zero_grad()
+        own_means.append(float(own.mean()))
+        mixed_means.append(float(mixed.mean()))
+        with pytest.raises(RuntimeError, match="without a loss taken before it"):
+            step.after(model, k)  # one after_step per loss
+    assert step.steps == 2
+    assert step.global_sum == pytest.approx(sum(own_means)) and step.personal_sum == pytest.approx(sum(mixed_means))
+    assert not torch.equal(step.params["lin.weight"], personal["lin.weight"])  # v moved
+    torch.testing.assert_close(step.params["unused"].detach(), personal["unused"])  # no gradient: a zero step
+
+
+def test_a_round_of_one_step_reports_that_steps_losses():
+    data, ctx = make_data(SIZES[0], 0), context(0)
+    start = get_arrays(make_model(seed=2), "all")
+    c = APFLClient(ctx, make_model(seed=11), data, train_config(epochs=1), alpha=ALPHA, learn_alpha=False)
+    _, _, metrics = c.fit([a.copy() for a in start], {"server-round": 1})
+    losses: list[tuple[float, float]] = []
+    hand_round(start, start, ALPHA, data, 0.0, steps=1, losses=losses)
+    assert metrics["train_loss"] == pytest.approx(losses[0][0], rel=1e-5)
+    assert metrics["personal_loss"] == pytest.approx(losses[0][1], rel=1e-5)
