@@ -225,8 +225,30 @@ def test_the_run_config_keys_reach_the_client_and_bad_values_are_refused():
             parse_experiment({"algorithm": "apfl", f"apfl.{key}": bad})
     with pytest.raises(ValueError, match=r"alpha must be a number in \[0, 1\]"):
         client(context(0), make_data(SIZES[0], 0), alpha=2.0)
-    with pytest.raises(ValueError, match="alpha_lr"):
-        client(context(0), make_data(SIZES[0], 0), alpha_lr=float("inf"))
+    for bad in (float("inf"), True, "0.1"):
+        with pytest.raises(ValueError, match="alpha_lr must be a finite number >= 0"):
+            client(context(0), make_data(SIZES[0], 0), alpha_lr=bad)
+
+
+def test_a_client_built_by_keywords_keeps_them_and_the_papers_defaults():
+    config = train_config()
+    c = APFLClient(context=context(0), model=make_model(), data=make_data(SIZES[0], 0), train_config=config)
+    assert c.train_config is config
+    assert (c.initial_alpha, c.learn_alpha, c.alpha_lr) == (0.5, True, 0.0)
+
+
+def test_the_evaluation_keeps_the_mixed_models_own_figures_beside_the_global_ones():
+    from flwr_pfl.core.metrics import ONE_CLASS
+
+    data, ctx = make_data(SIZES[1], 1), context(1)
+    c = client(ctx, data, alpha=1.0, learn_alpha=False)  # the mixture is v alone
+    w = get_arrays(make_model(seed=4), "all")
+    collapsed = {k: t.clone() for k, t in c.model.state_dict().items()}
+    collapsed[list(collapsed)[-1]] = torch.tensor([50.0, 0.0, 0.0])  # the head's bias: class 0 for every sample
+    c.store_personal(collapsed)
+    _, _, metrics = c.evaluate([a.copy() for a in w], {"server-round": 1})
+    assert metrics[ONE_CLASS] == 1.0 and f"global_{ONE_CLASS}" not in metrics
+    assert metrics["alpha"] == 1.0 and {"global_loss", "global_accuracy"} <= set(metrics)
 
 
 class DomainNet(nn.Module):
