@@ -137,7 +137,7 @@ _EVERY_ALGORITHM = (
     "tests/strategies/test_every_mode_models.py", "tests/strategies/test_bad_client.py",
     "tests/serverapp/test_flavours_equal.py", "tests/app/test_reruns.py", "tests/app/test_export.py",
     "tests/app/test_node_state.py", "tests/app/test_resume_state.py", "tests/app/test_resume.py",
-    "tests/properties/test_wire_properties.py",
+    "tests/properties/test_wire_properties.py", "tests/clients/test_dropin.py", "tests/clients/test_empty_client.py",
 )
 #: baselines whose client and strategy are mutated together against the tests that name them:
 #: minutes a module, where the shared workspace's first pass alone takes half an hour
@@ -147,18 +147,22 @@ ALGORITHM_KEYWORDS: dict[str, str] = {}
 
 
 def _algorithm_workspace(name: str, modules: tuple[str, ...], algorithms: tuple[str, ...]) -> None:
+    """``algorithms``: the module names and registry names (``per-fedavg``) whose cases test it."""
     own = tuple(str(p.relative_to(REPO)) for a in (name, *algorithms)
-                for p in sorted((REPO / "tests").rglob(f"test_{a}*.py")))
+                for p in sorted((REPO / "tests").rglob(f"test_{a.replace('-', '')}*.py")))
     ALGORITHM_WORKSPACES[f"algorithm.{name}"] = modules
-    ALGORITHM_KEYWORDS[f"algorithm.{name}"] = " or ".join((name, *algorithms))
+    ALGORITHM_KEYWORDS[f"algorithm.{name}"] = " or ".join(dict.fromkeys((name, *algorithms)))
     for module in modules:
         OWN_SELECTION[module] = SCOPE[module] = tuple(dict.fromkeys((*own, *_EVERY_ALGORITHM)))
 
 
+#: module name -> the names its algorithms have in the registry, where they differ
+_REGISTRY_NAMES = {"knnper": ("knn-per",), "perfedavg": ("per-fedavg",)}
 for _name in ("apfl", "ditto", "fedamp", "fedbn", "fedfomo", "fedpac", "fedrod", "ifca", "knnper",
               "perfedavg", "pfedhn", "pfedme"):
     _algorithm_workspace(_name, tuple(f"flwr_pfl/{package}/{_name}.py" for package in ("clients", "strategies")
-                                      if (REPO / "flwr_pfl" / package / f"{_name}.py").exists()), ())
+                                      if (REPO / "flwr_pfl" / package / f"{_name}.py").exists()),
+                         _REGISTRY_NAMES.get(_name, ()))
 # the personal copy that Ditto, APFL and pFedMe share
 _algorithm_workspace("personal", ("flwr_pfl/clients/personal.py",), ("ditto", "apfl", "pfedme"))
 

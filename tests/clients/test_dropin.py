@@ -37,6 +37,19 @@ OPTIONS = {
     "ifca": {"num_clusters": 2, "share_body": True},
     "fedamp": {"alpha_k": 0.1},
     "fedfomo": {"num_models": 1, "epsilon": 0.5},
+    "ditto": {},
+    "apfl": {},
+    "pfedme": {"k": 2},
+    "per-fedavg": {},
+    "fedbn": {},
+    "fedrod": {},
+    "fedpac": {},
+    "knn-per": {},
+    "fedbabu": {},
+    "lg-fedavg": {},
+    "fedprox": {},
+    "fedprox-ft": {},
+    "pfedhn": {},
 }
 BODY = ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
 
