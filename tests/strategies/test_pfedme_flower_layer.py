@@ -222,3 +222,40 @@ def test_options_reach_the_client_and_strategy_and_bad_ones_are_refused():
     for bad in ({"lam": -1.0}, {"k": 0}, {"personal_lr": 0.0}):
         with pytest.raises(ValueError, match="pFedMe"):
             client(0, **bad)
+
+
+def test_each_batch_is_repeated_k_times_and_counted_so():
+    from flwr_pfl.clients.pfedme import RepeatedBatches
+
+    loader = make_data(SIZES[1], 1).train  # 18 samples, batches of 6
+    repeated = RepeatedBatches(loader, 4)
+    assert len(repeated) == 3 * 4 and repeated.dataset is loader.dataset
+    batches = list(repeated)
+    assert len(batches) == 12
+    for i, batch in enumerate(batches):
+        assert torch.equal(batch[0], batches[4 * (i // 4)][0])  # the same batch k times in a row
+    assert not torch.equal(batches[0][0], batches[4][0])
+
+
+def test_the_fit_reports_the_inner_loops_figures_and_a_bad_batch_names_the_client(monkeypatch):
+    import dataclasses
+
+    from flwr_pfl.clients import pfedme
+
+    real = pfedme.train
+    seen = []
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs)
+        return dataclasses.replace(real(*args, **kwargs), loss=1.25, seconds=2.5)
+
+    monkeypatch.setattr(pfedme, "train", spy)
+    c = client(0)
+    _, _, metrics = c.fit(global_arrays(), {"server-round": 1})
+    assert (metrics["train_loss"], metrics["train_seconds"]) == (1.25, 2.5)
+    assert seen[0]["device"] == c.device and seen[0]["keys"] is c.data.batch_keys
+    monkeypatch.setattr(pfedme, "train", real)
+    broken = client(1)
+    broken.data.train.dataset.tensors[0][0, 0] = float("nan")
+    with pytest.raises(FloatingPointError, match="partition 1"):
+        broken.fit(global_arrays(), {"server-round": 1})
