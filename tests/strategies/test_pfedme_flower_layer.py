@@ -259,3 +259,16 @@ def test_the_fit_reports_the_inner_loops_figures_and_a_bad_batch_names_the_clien
     broken.data.train.dataset.tensors[0][0, 0] = float("nan")
     with pytest.raises(FloatingPointError, match="partition 1"):
         broken.fit(global_arrays(), {"server-round": 1})
+
+
+def test_a_regression_client_solves_its_inner_problem_on_the_squared_error():
+    torch.manual_seed(0)
+    x = torch.randn(12, 5)
+    y = x.sum(1)
+    loader = DataLoader(TensorDataset(x, y, torch.zeros(12, dtype=torch.long)), batch_size=BATCH, shuffle=False)
+    data = LocalData(loader, loader, task="regression")
+    model = EncoderHeadModel(nn.Sequential(nn.Linear(5, 4), nn.Tanh()), 4, 1)
+    c = PFedMeClient(context(0), model, data, train_config(), lam=LAM, k=K, personal_lr=PLR)
+    start = get_arrays(model, "all")
+    arrays, _, metrics = c.fit([a.copy() for a in start], {"server-round": 1})
+    assert np.isfinite(metrics["train_loss"]) and any(not np.array_equal(a, b) for a, b in zip(arrays, start))
