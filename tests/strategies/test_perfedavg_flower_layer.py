@@ -263,6 +263,26 @@ def test_the_run_config_keys_reach_the_client_and_bad_values_are_refused():
                                 ("adapt-steps", -1, "per-fedavg.adapt-steps")):
         with pytest.raises(ConfigError, match=message):
             parse_experiment({"algorithm": "per-fedavg", f"per-fedavg.{key}": value})
-    for kwargs, message in (({"alpha": -1.0}, "alpha"), ({"variant": "so"}, "fo, hf"), ({"adapt_steps": 1.5}, "adapt_steps")):
+    for kwargs, message in (({"alpha": -1.0}, "alpha"), ({"variant": "so"}, "fo, hf"), ({"adapt_steps": 1.5}, "adapt_steps"),
+                            ({"alpha": True}, "alpha must be a finite number > 0"),
+                            ({"alpha": "0.1"}, "alpha must be a finite number > 0"),
+                            ({"adapt_steps": True}, "adapt_steps must be an integer >= 0")):
         with pytest.raises(ValueError, match=message):
             client(0, **({"variant": "fo"} | kwargs))
+
+
+def test_a_client_built_by_keywords_keeps_them_and_the_papers_defaults():
+    config = train_config()
+    c = PerFedAvgClient(context=context(0), model=make_net(3), data=make_data(SIZES[0], 0), train_config=config)
+    assert c.train_config is config and (c.alpha, c.variant, c.adapt_steps) == (0.01, "fo", 1)
+
+
+def test_the_evaluation_keeps_the_adapted_models_own_figures_beside_the_global_ones():
+    from flwr_pfl.core.metrics import ONE_CLASS
+
+    c = client(0, "fo", adapt_steps=0)
+    collapsed = global_arrays()
+    collapsed[-1] = np.array([50.0, 0.0, 0.0], dtype=collapsed[-1].dtype)  # the last bias: class 0 for all
+    assert collapsed[-1].shape == (3,)
+    _, _, metrics = c.evaluate(collapsed, {"server-round": 1})
+    assert metrics[ONE_CLASS] == 1.0 and metrics[f"global_{ONE_CLASS}"] == 1.0
