@@ -219,9 +219,18 @@ def test_options_reach_the_client_and_strategy_and_bad_ones_are_refused():
             parse_experiment({**raw, f"pfedme.{key}": value})
     with pytest.raises(ConfigError, match="beta"):
         PFedMe(num_clients=2, beta=float("inf"))
-    for bad in ({"lam": -1.0}, {"k": 0}, {"personal_lr": 0.0}):
+    for bad in ({"lam": -1.0}, {"k": 0}, {"personal_lr": 0.0}, {"k": True}, {"k": 2.5}, {"personal_lr": True},
+                {"personal_lr": "0.1"}, {"personal_lr": float("inf")}):
         with pytest.raises(ValueError, match="pFedMe"):
             client(0, **bad)
+    assert client(0, k=1).k == 1  # one inner step is allowed
+
+
+def test_a_client_built_by_keywords_keeps_them_and_the_papers_defaults():
+    config = train_config()
+    c = PFedMeClient(context=context(0), model=make_model(3), data=make_data(SIZES[0], 0), train_config=config)
+    assert c.train_config is config and (c.lam, c.k, c.personal_optimizer.learning_rate) == (15.0, 5, 0.01)
+    assert (c.personal_optimizer.name, c.personal_optimizer.momentum, c.personal_optimizer.weight_decay) == ("sgd", 0.0, 0.0)
 
 
 def test_each_batch_is_repeated_k_times_and_counted_so():
