@@ -138,6 +138,7 @@ _EVERY_ALGORITHM = (
     "tests/serverapp/test_flavours_equal.py", "tests/app/test_reruns.py", "tests/app/test_export.py",
     "tests/app/test_node_state.py", "tests/app/test_resume_state.py", "tests/app/test_resume.py",
     "tests/properties/test_wire_properties.py", "tests/clients/test_dropin.py", "tests/clients/test_empty_client.py",
+    "tests/strategies/test_client_dp.py", "tests/clients/test_record_dp.py",
 )
 #: baselines whose client and strategy are mutated together against the tests that name them:
 #: minutes a module, where the shared workspace's first pass alone takes half an hour

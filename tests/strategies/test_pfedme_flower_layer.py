@@ -201,6 +201,24 @@ def test_the_beta_step_follows_clipping_and_a_malformed_mask_rejects_its_reply()
     out = parameters_to_ndarrays(params)
     norm = float(np.sqrt(sum(np.sum(a.astype(np.float64) ** 2) for a in out)))
     assert norm == pytest.approx(BETA * 1.0, rel=1e-5)  # the clipped update, extrapolated by beta
+    from flwr_pfl.strategies.validation import ReplyError
+
+    for mask in ("0", "012", 7):
+        with pytest.raises(ReplyError, match=rf"^client 2 \(partition 1\): metric 'buffer_mask' must be one '0' or '1' "
+                                             rf"per array \(2\), got {mask!r}$"):
+            strategy.check_reply(1, FakeProxy("2"), fit_res(big, 30, 1, {"buffer_mask": mask}))
+
+
+def test_without_a_global_model_yet_the_round_is_the_plain_average_and_one_reply_averages_alone():
+    a = [np.full((2, 2), 1.0, np.float32)]
+    b = [np.full((2, 2), 4.0, np.float32)]
+    replies = [(FakeProxy("1"), fit_res(a, 10, 0)), (FakeProxy("2"), fit_res(b, 30, 1))]
+    checked = [PFedMe(num_clients=2, initial_arrays=a).check_reply(1, proxy, res) for proxy, res in replies]
+    fresh = PFedMe(num_clients=2, beta=BETA)  # no global model yet to take the beta step from
+    close(fresh.aggregate_replies(1, checked), [np.full((2, 2), 3.25, np.float32)], atol=1e-6)
+    alone = PFedMe(num_clients=2, initial_arrays=[np.zeros((2, 2), np.float32)], beta=BETA, weighting="uniform")
+    out = parameters_to_ndarrays(alone.aggregate_fit(1, replies[1:], [])[0])
+    close(out, [np.full((2, 2), BETA * 4.0, np.float32)], atol=1e-5)
 
 
 def test_options_reach_the_client_and_strategy_and_bad_ones_are_refused():
