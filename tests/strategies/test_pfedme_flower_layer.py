@@ -5,6 +5,8 @@ unshuffled loaders of several batches so that every step can be replayed exactly
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -235,8 +237,19 @@ def test_options_reach_the_client_and_strategy_and_bad_ones_are_refused():
     for key, value in (("lam", 0.0), ("k", 0), ("personal-lr", -0.1), ("beta", 0.0), ("weighting", "median")):
         with pytest.raises(ConfigError, match=f"pfedme.{key}"):
             parse_experiment({**raw, f"pfedme.{key}": value})
-    with pytest.raises(ConfigError, match="beta"):
-        PFedMe(num_clients=2, beta=float("inf"))
+    for beta in (float("inf"), 0.0, -1.0, True, "2"):
+        with pytest.raises(ConfigError, match=r"^PFedMe: beta \(pfedme\.beta\) must be a finite number > 0 \(1 = plain "
+                                              rf"averaging\), got {re.escape(repr(beta))}$"):
+            PFedMe(num_clients=2, beta=beta)
+    with pytest.raises(ConfigError, match=r"^PFedMe: weighting \(pfedme\.weighting\) = 'median' is not allowed; choose one "
+                                          r"of 'examples', 'uniform'$"):
+        PFedMe(num_clients=2, weighting="median")
+    assert PFedMe(num_clients=2).beta == 1.0 and PFedMe(num_clients=2).weighting == "examples"
+    with pytest.raises(ConfigError, match=r"^PFedMe: pfedme\.weighting='uniform' cannot be used with secure-aggregation: "
+                                          r"SecAgg\+ weights every reply by its number of examples; use "
+                                          r"pfedme\.weighting='examples'$"):
+        PFedMe(num_clients=2, weighting="uniform", secure_aggregation=True)
+    assert PFedMe(num_clients=2, weighting="examples", secure_aggregation=True).secure_aggregation
     for bad in ({"lam": -1.0}, {"k": 0}, {"personal_lr": 0.0}, {"k": True}, {"k": 2.5}, {"personal_lr": True},
                 {"personal_lr": "0.1"}, {"personal_lr": float("inf")}):
         with pytest.raises(ValueError, match="pFedMe"):
