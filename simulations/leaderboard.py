@@ -155,7 +155,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         "# Leaderboard: every algorithm on two shared settings",
         "",
-        f"Regenerate: `{report['command']}` (resumable; about {report.get('hours', '?')} hours of CPU on 2 cores).",
+        f"Regenerate: `{report['command']}` (resumable; the runs recorded so far took {report.get('hours', '?')} hours of CPU on 2 cores).",
         "",
         "**Reporting rule.** A run's figure is the weighted mean test accuracy of its **final round** "
         f"(`{KEY}`), never its best round. Each row is at its best learning rate from the grid "
