@@ -41,6 +41,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -181,9 +182,12 @@ SHARED_WORKSPACES: dict[str, tuple[str, ...]] = {
 }
 
 
-def keyword_of(workspace: str) -> str | None:
-    """The pytest ``-k`` expression that narrows an algorithm's workspace to the cases naming it."""
-    return ALGORITHM_KEYWORDS.get(workspace)
+def pytest_selection(workspace: str, tests: tuple[str, ...]) -> list[str]:
+    """The pytest arguments of a workspace's selection: its test paths that exist, narrowed by
+    ``-k`` to the cases naming the algorithm in an algorithm's workspace."""
+    selection = [t for t in tests if (REPO / t).exists()]
+    keyword = ALGORITHM_KEYWORDS.get(workspace)
+    return selection + ["-k", keyword] if keyword else selection
 
 
 @dataclass(frozen=True)
@@ -238,16 +242,12 @@ def prepare_workspace(module: str) -> Path:
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "runs", ".pytest_cache"))
         elif source.exists():
             shutil.copy2(source, target)
-    existing = [t for t in tests if (REPO / t).exists()]
-    keyword = keyword_of(work.name)
-    if keyword:
-        existing += ["-k", keyword]
     config = [
         "",
         "[tool.mutmut]",
         'source_paths = ["flwr_pfl"]',
         f"only_mutate = {json.dumps(list(modules))}",
-        f"pytest_add_cli_args_test_selection = {json.dumps([*existing, '-m', 'not slow'])}",
+        f"pytest_add_cli_args_test_selection = {json.dumps([*pytest_selection(work.name, tests), '-m', 'not slow'])}",
         'pytest_add_cli_args = ["-p", "no:cacheprovider", "-x", "-q"]',
         # torch is not fork-safe after it has run: fork each mutant's run from a clean server
         'process_isolation = "forkserver"',
@@ -282,8 +282,7 @@ def run_module(module: str, max_children: int) -> dict:
                               cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT)
     seconds = time.perf_counter() - start
     if "failed to collect stats" in log.read_text():
-        keyword = keyword_of(work.name)
-        selection = " ".join(t for t in tests if (REPO / t).exists()) + (f" -k '{keyword}'" if keyword else "")
+        selection = shlex.join(pytest_selection(work.name, tests))
         raise SystemExit(
             f"{module}: its tests fail on the unmutated code, so no mutant can be judged; see them with\n"
             f"  cd {work / 'mutants'} && python -m pytest {selection} -m 'not slow' -x"
@@ -451,8 +450,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.list:
         for module, tests in SCOPE.items():
-            keyword = keyword_of(workspace_of(module)[0])
-            print(f"{module}: {' '.join(tests)}" + (f" -k '{keyword}'" if keyword else ""))
+            print(f"{module}: {shlex.join(pytest_selection(workspace_of(module)[0], tests))}")
         return 0
     if args.report:
         for module in SCOPE:

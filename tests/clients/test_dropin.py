@@ -23,7 +23,8 @@ from flwr_pfl.models import HeadSplit, split_model
 from flwr_pfl.training import BatchKeys, OptimizerConfig, get_arrays
 
 NUM_CLIENTS = 3
-#: every personalized algorithm (and the FedGP family's two), with options that keep runs short
+#: every personalized algorithm, the FedGP family's two and FedProx (alone and fine-tuned), with
+#: options that keep runs short
 OPTIONS = {
     "fedrep": {"head_epochs": 2},
     "fedper": {},
